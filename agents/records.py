@@ -1,0 +1,192 @@
+"""Exact records of model invocations and episodes (token in, token out).
+
+An :class:`Invocation` is everything the learner needs to restore the exact state a model call
+saw: the prompt token ids, the position ids used at sampling time, the sampled token ids and
+their sampling log-probs, and which prompt span is the episode's shared prefix. An
+:class:`Episode` is an episode's invocations plus its reward and metrics. Both round-trip
+losslessly through JSON (Python floats are written with ``repr`` precision).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+ROLES = ("memory", "answer")
+
+
+class RecordError(ValueError):
+    """A record is malformed (wrong lengths, missing fields, bad JSON)."""
+
+
+@dataclass
+class Invocation:
+    """One model call, exactly as it was sampled.
+
+    Lengths: ``len(position_ids) == len(prompt_ids) + len(response_ids)`` (positions of the
+    prompt tokens, then of the sampled tokens) and ``len(logprobs) == len(response_ids)``.
+    ``prompt_ids[:prefix_len]`` is the episode's shared prefix (instructions + question); it is
+    identical in every invocation of the episode.
+    ``logprobs[k]`` is log p(response_ids[k]) under softmax(logits / temperature) over the full
+    vocabulary, the distribution sampled from (``sampling`` records temperature and top-p).
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    position_ids: list[int]
+    prefix_len: int
+    role: str = "memory"
+    turn: int = 0
+    policy_version: int = 0
+    finish_reason: str = "eos"
+    sampling: dict[str, Any] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    response_text: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def input_ids(self) -> list[int]:
+        """Prompt followed by the sampled response: the sequence a re-scorer runs."""
+        return list(self.prompt_ids) + list(self.response_ids)
+
+    def validate(self) -> None:
+        n_p, n_r = len(self.prompt_ids), len(self.response_ids)
+        if n_p == 0:
+            raise RecordError("invocation has an empty prompt")
+        if len(self.position_ids) != n_p + n_r:
+            raise RecordError(
+                f"position_ids has {len(self.position_ids)} entries, expected prompt+response = {n_p + n_r}")
+        if len(self.logprobs) != n_r:
+            raise RecordError(f"logprobs has {len(self.logprobs)} entries, expected one per response token ({n_r})")
+        if not 0 <= self.prefix_len <= n_p:
+            raise RecordError(f"prefix_len={self.prefix_len} outside the prompt (length {n_p})")
+        if self.role not in ROLES:
+            raise RecordError(f"role {self.role!r} is not one of {ROLES}")
+        if any(not math.isfinite(x) or x > 1e-6 for x in self.logprobs):
+            raise RecordError("logprobs must be finite and <= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Invocation":
+        known = {f.name for f in fields(cls)}
+        missing = {"prompt_ids", "response_ids", "logprobs", "position_ids", "prefix_len"} - d.keys()
+        if missing:
+            raise RecordError(f"invocation is missing fields {sorted(missing)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Episode:
+    """One episode: its invocations in call order, the final reward and metrics."""
+
+    episode_id: str
+    task_id: str
+    sample_id: str
+    invocations: list[Invocation]
+    reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    prediction: str = ""
+    answers: list[str] = field(default_factory=list)
+    question: str = ""
+    seed: int | None = None
+    group_id: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["invocations"] = [inv.to_dict() for inv in self.invocations]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Episode":
+        if not isinstance(d, dict):
+            raise RecordError(f"an episode must be a JSON object, got {type(d).__name__}")
+        missing = {"episode_id", "task_id", "sample_id", "invocations"} - d.keys()
+        if missing:
+            raise RecordError(f"episode is missing fields {sorted(missing)}")
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        invs = []
+        for i, inv in enumerate(d["invocations"]):
+            try:
+                invs.append(Invocation.from_dict(inv))
+            except (RecordError, TypeError) as exc:
+                raise RecordError(f"invocation {i}: {exc}") from None
+        kw["invocations"] = invs
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, line: str) -> "Episode":
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        return cls.from_dict(d)
+
+
+def save_episodes(path: str | Path, episodes: Iterable[Episode], append: bool = False) -> int:
+    """Write episodes as JSONL (one per line); returns how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("a" if append else "w", encoding="utf-8") as fh:
+        for ep in episodes:
+            fh.write(ep.to_json() + "\n")
+            n += 1
+    return n
+
+
+@dataclass
+class LoadReport:
+    """What :func:`load_episodes` read: the good episodes and ``(line, message)`` for bad lines."""
+
+    episodes: list[Episode]
+    errors: list[tuple[int, str]]
+
+
+def iter_episode_lines(path: str | Path) -> Iterator[tuple[int, Episode | RecordError]]:
+    with Path(path).open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, Episode.from_json(line)
+            except (RecordError, TypeError) as exc:
+                yield lineno, RecordError(str(exc))
+
+
+def load_episodes(path: str | Path, strict: bool = False) -> LoadReport:
+    """Read episodes JSONL. A corrupt or truncated line is reported with its line number and
+    skipped; the other lines are still read. ``strict=True`` raises on the first bad line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"episodes file not found: {path}")
+    episodes, errors = [], []
+    for lineno, item in iter_episode_lines(path):
+        if isinstance(item, RecordError):
+            if strict:
+                raise RecordError(f"{path}:{lineno}: {item}")
+            errors.append((lineno, str(item)))
+        else:
+            episodes.append(item)
+    return LoadReport(episodes, errors)
