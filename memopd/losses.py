@@ -1,0 +1,167 @@
+"""The MemOPD objective, term by term:  L_actor = L_PPO - alpha * H + lambda * L_OPD.
+
+Every function works on flat tensors over the action tokens of a batch (shape ``[N]``), or on
+hidden states gathered at those tokens (``[N, hidden]``), so the learner never materialises
+``[all positions, vocab]``. Masks are float weights in ``[0, 1]``; a masked mean divides by
+their sum.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+DIVERGENCES = ("rkl", "fkl", "jsd")
+
+
+def masked_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted mean of ``x`` [N] under ``weights`` [N]; 0 when the weights sum to 0."""
+    total = weights.sum()
+    return (x * weights).sum() / total.clamp_min(1e-8)
+
+
+# --------------------------------------------------------------------------------------------
+# PPO
+# --------------------------------------------------------------------------------------------
+
+def ppo_policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
+                    weights: torch.Tensor, clip_eps: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate: mean_w( -min(r*A, clip(r, 1-eps, 1+eps)*A) ), r = exp(logp - logp_old).
+
+    All inputs [N]. Returns the loss and stats (clip fraction, approx KL old->new).
+    """
+    log_ratio = logp - logp_old
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    loss = masked_mean(-torch.minimum(unclipped, clipped), weights)
+    with torch.no_grad():
+        clipfrac = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), weights)
+        # k3 estimator of KL(old || new), non-negative and low-variance
+        approx_kl = masked_mean(torch.exp(-log_ratio) - 1.0 + log_ratio, weights)
+    return loss, {"clip_frac": clipfrac.item(), "approx_kl": approx_kl.item()}
+
+
+def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Tensor,
+               weights: torch.Tensor, clip_eps: float | None = 0.2) -> torch.Tensor:
+    """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2), masked mean."""
+    err = (values - returns) ** 2
+    if clip_eps is not None:
+        v_clip = values_old + torch.clamp(values - values_old, -clip_eps, clip_eps)
+        err = torch.maximum(err, (v_clip - returns) ** 2)
+    return 0.5 * masked_mean(err, weights)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float = 1.0,
+        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over one trajectory's action tokens, in order.
+
+    rewards, values: [T]. The trajectory ends after the last token (bootstrap value 0).
+    Returns (advantages [T], returns [T]) with returns = advantages + values.
+    """
+    T = rewards.shape[0]
+    adv = torch.zeros_like(rewards)
+    last = rewards.new_zeros(())
+    for t in reversed(range(T)):
+        next_value = values[t + 1] if t + 1 < T else rewards.new_zeros(())
+        delta = rewards[t] + gamma * next_value - values[t]
+        last = delta + gamma * lam * last
+        adv[t] = last
+    return adv, adv + values
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: list[str] | list[int],
+                     scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO-style baseline: (r - mean of its group) / (std of its group) per trajectory.
+
+    rewards: [B] trajectory rewards; group_ids: B labels (samples of the same question share
+    one). A group of one gets advantage 0 (no baseline to compare with).
+    """
+    adv = torch.zeros_like(rewards)
+    groups: dict = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(g, []).append(i)
+    for idx in groups.values():
+        r = rewards[idx]
+        if len(idx) == 1:
+            continue
+        centred = r - r.mean()
+        adv[idx] = centred / (r.std(unbiased=False) + eps) if scale else centred
+    return adv
+
+
+def penalised_rewards(rewards: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor,
+                      beta: float) -> torch.Tensor:
+    """Per-token penalty ``-beta * [logp_old - logp_ref]_+`` (the reward shaping against a frozen
+    reference); returns it [N] so callers add it to per-token rewards or sum it per trajectory."""
+    del rewards  # the final reward is added by the caller where the trajectory ends
+    return -beta * torch.clamp(logp_old - logp_ref, min=0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Full-vocabulary distillation
+# --------------------------------------------------------------------------------------------
+
+def divergence_from_logprobs(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "rkl") -> torch.Tensor:
+    """Per-row divergence between full-vocabulary log-distributions [n, V] -> [n].
+
+    rkl: KL(student || teacher) (MemOPD's default, mode-seeking)
+    fkl: KL(teacher || student)
+    jsd: Jensen-Shannon with the equal mixture.
+    """
+    if kind == "rkl":
+        return (logp_s.exp() * (logp_s - logp_t)).sum(-1)
+    if kind == "fkl":
+        return (logp_t.exp() * (logp_t - logp_s)).sum(-1)
+    if kind == "jsd":
+        log_m = torch.logsumexp(torch.stack([logp_s, logp_t]), dim=0) - torch.log(torch.tensor(2.0))
+        kl_s = (logp_s.exp() * (logp_s - log_m)).sum(-1)
+        kl_t = (logp_t.exp() * (logp_t - log_m)).sum(-1)
+        return 0.5 * (kl_s + kl_t)
+    raise ValueError(f"unknown divergence {kind!r}; choose one of {DIVERGENCES}")
+
+
+def _chunk_divergence(h_s: torch.Tensor, h_t: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor,
+                      temperature: float, kind: str) -> torch.Tensor:
+    logp_s = F.log_softmax((h_s @ w_s.T).float() / temperature, dim=-1)
+    logp_t = F.log_softmax((h_t @ w_t.T).float() / temperature, dim=-1)
+    return divergence_from_logprobs(logp_s, logp_t, kind)
+
+
+def divergence_from_hidden(h_s: torch.Tensor, head_s: torch.Tensor, h_t: torch.Tensor,
+                           head_t: torch.Tensor, kind: str = "rkl", temperature: float = 1.0,
+                           chunk_size: int = 1024) -> torch.Tensor:
+    """Full-vocabulary divergence at action tokens from gathered final hidden states.
+
+    h_s: [n, H_s] student hidden states (with grad), head_s: [V, H_s] student output head;
+    h_t: [n, H_t] teacher hidden states (no grad), head_t: [V, H_t]. Returns [n].
+    Projects ``chunk_size`` rows at a time and recomputes each chunk in backward
+    (activation checkpointing), so peak memory is O(chunk_size * V), not O(n * V).
+    """
+    if head_s.shape[0] != head_t.shape[0]:
+        raise ValueError(f"student and teacher vocabularies differ ({head_s.shape[0]} vs {head_t.shape[0]} "
+                         "output rows); full-vocabulary distillation needs the same tokenizer")
+    fn: Callable = _chunk_divergence
+    out = []
+    for start in range(0, h_s.shape[0], chunk_size):
+        hs, ht = h_s[start:start + chunk_size], h_t[start:start + chunk_size]
+        if torch.is_grad_enabled() and (hs.requires_grad or head_s.requires_grad):
+            out.append(checkpoint(fn, hs, ht, head_s, head_t, temperature, kind, use_reentrant=False))
+        else:
+            out.append(fn(hs, ht, head_s, head_t, temperature, kind))
+    return torch.cat(out) if out else h_s.new_zeros(0)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per row: [n, V] -> [n]."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def actor_loss(pg_loss: torch.Tensor, entropy: torch.Tensor, opd: torch.Tensor,
+               entropy_coef: float, opd_coef: float) -> torch.Tensor:
+    """L_actor = L_PPO - alpha * H + lambda * L_OPD (each term already a masked mean)."""
+    return pg_loss - entropy_coef * entropy + opd_coef * opd
