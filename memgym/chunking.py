@@ -1,0 +1,267 @@
+"""Length units, document rendering, streaming chunking and the memory cut.
+
+Everything here is measured in *units*: whitespace-separated words by default, or tokens of
+a Hugging Face tokenizer. A :class:`Counter` hides which; the chunker, the memory cut and the
+generators that size their input (LongQA plans chunks exactly) all share one.
+
+Chunking rules (the environment contract):
+- documents are rendered as ``"Document i: <title>\\n<text>"`` (``i`` is 1-based in the stream);
+- a chunk holds whole documents, packed greedily in order, while they fit;
+- a document longer than a chunk is split at word boundaries, preferring sentence ends; its
+  continuation pieces repeat the header with ``(continued)``;
+- a word is never split; pieces are joined with a blank line.
+Documents are consumed lazily, so a million-token episode streams in flat memory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Protocol
+
+from memgym.data import Document
+
+PIECE_SEPARATOR = "\n\n"
+_WORD_RE = re.compile(r"\S+")
+_SENTENCE_END = (".", "!", "?")
+
+
+class Counter(Protocol):
+    """Measures text in budget units ("words" or "tokens")."""
+
+    unit: str
+
+    def count(self, text: str) -> int: ...
+
+    def word_units(self, text: str) -> list[tuple[int, int, int]]:
+        """``(start, end, units)`` for every whitespace-separated word of ``text``."""
+        ...
+
+    def cut(self, text: str, budget: int) -> tuple[str, int, int]:
+        """Keep the first ``budget`` units: returns ``(kept_text, kept_units, removed_units)``."""
+        ...
+
+
+class WordCounter:
+    """Whitespace-separated words; one unit per word."""
+
+    unit = "words"
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+    def word_units(self, text: str) -> list[tuple[int, int, int]]:
+        return [(m.start(), m.end(), 1) for m in _WORD_RE.finditer(text)]
+
+    def cut(self, text: str, budget: int) -> tuple[str, int, int]:
+        # Keep the text up to the end of the budget-th word (leading whitespace kept as is).
+        total = 0
+        for total, m in enumerate(_WORD_RE.finditer(text), start=1):
+            if total == budget:
+                end = m.end()
+                rest = self.count(text[end:])
+                return (text[:end], budget, rest) if rest else (text, budget, 0)
+        return (text, total, 0) if budget > 0 or total == 0 else ("", 0, total)
+
+
+class TokenCounter:
+    """Tokens of a Hugging Face *fast* tokenizer, without special tokens.
+
+    Chunk lengths are the sums of their pieces' token counts; for tokenizers that split on
+    whitespace before tokenizing (word-level, byte-level BPE, SentencePiece with whitespace
+    splitting) this equals the token count of the joined chunk text.
+    """
+
+    unit = "tokens"
+
+    def __init__(self, tokenizer: Any):
+        if not getattr(tokenizer, "is_fast", False):
+            raise TypeError(
+                f"memgym needs a fast (Rust-backed) Hugging Face tokenizer for token offsets; "
+                f"got {type(tokenizer).__name__}. Load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
+            )
+        self.tokenizer = tokenizer
+
+    def _encode(self, text: str, offsets: bool = False) -> dict:
+        return self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=offsets,
+                              return_attention_mask=False)
+
+    def count(self, text: str) -> int:
+        return len(self._encode(text)["input_ids"]) if text else 0
+
+    def word_units(self, text: str) -> list[tuple[int, int, int]]:
+        words = [(m.start(), m.end()) for m in _WORD_RE.finditer(text)]
+        if not words:
+            return []
+        counts = [0] * len(words)
+        w = 0
+        for start, end in self._encode(text, offsets=True)["offset_mapping"]:
+            # A token belongs to the word its last character lies in; a whitespace-only token
+            # belongs to the word after it.
+            pos = end if text[start:end].isspace() else max(start, end - 1)
+            while w + 1 < len(words) and pos >= words[w + 1][0]:
+                w += 1
+            counts[w] += 1
+        return [(s, e, c) for (s, e), c in zip(words, counts)]
+
+    def cut(self, text: str, budget: int) -> tuple[str, int, int]:
+        # Contract: keep the first `budget` tokens and cut the text at the end offset of the
+        # last kept token.
+        offsets = self._encode(text, offsets=True)["offset_mapping"]
+        if len(offsets) <= budget:
+            return text, len(offsets), 0
+        if budget <= 0:
+            return "", 0, len(offsets)
+        return text[: offsets[budget - 1][1]], budget, len(offsets) - budget
+
+
+def make_counter(tokenizer: Any = None) -> Counter:
+    """A :class:`WordCounter` when ``tokenizer`` is None, else a :class:`TokenCounter`.
+
+    ``tokenizer`` may be a transformers tokenizer object or a string (hub id or local
+    directory), loaded lazily here with ``AutoTokenizer`` so that importing memgym stays light.
+    """
+    if tokenizer is None:
+        return WordCounter()
+    if isinstance(tokenizer, str):
+        from transformers import AutoTokenizer  # lazy: heavy import
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+    return TokenCounter(tokenizer)
+
+
+def document_header(index: int, title: str, continued: bool = False) -> str:
+    header = f"Document {index}: {title}".rstrip()
+    return header + " (continued)" if continued else header
+
+
+def render_document(index: int, doc: Document) -> str:
+    """How a document appears in a chunk; ``index`` is 1-based."""
+    return f"{document_header(index, doc.title)}\n{doc.text}"
+
+
+def separator_units(counter: Counter) -> int:
+    """Units the blank line between two pieces adds, measured in context (tokenizers may
+    split whitespace differently between words than at the end of a text)."""
+    a, b = render_document(1, Document("a", "x .")), render_document(2, Document("b", "y ."))
+    return counter.count(a + PIECE_SEPARATOR + b) - counter.count(a) - counter.count(b)
+
+
+class Packer:
+    """Greedy packing of pieces into chunks of at most ``chunk_size`` units.
+
+    Shared by the chunker and by generators that plan their documents to fill an exact
+    number of chunks, so both agree on where chunks end.
+    """
+
+    def __init__(self, chunk_size: int, counter: Counter):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.chunk_size = chunk_size
+        self.counter = counter
+        self.separator_units = separator_units(counter)
+        self.used = 0
+        self.pieces = 0
+
+    def cost(self, units: int) -> int:
+        """Units a piece of ``units`` adds to the current chunk (separator included)."""
+        return units + (self.separator_units if self.pieces else 0)
+
+    def fits(self, units: int) -> bool:
+        return self.used + self.cost(units) <= self.chunk_size
+
+    def add(self, units: int) -> None:
+        self.used += self.cost(units)
+        self.pieces += 1
+
+    def close(self) -> None:
+        self.used = 0
+        self.pieces = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of the input: its text, its size in units, and the documents it touches."""
+
+    text: str
+    size: int
+    first_document: int  # 1-based index of the first document (piece) in the chunk
+    last_document: int
+
+
+def _split_long(index: int, doc: Document, chunk_size: int, counter: Counter) -> Iterator[tuple[str, int]]:
+    """Split one over-long document into pieces of at most ``chunk_size`` units.
+
+    Words are packed greedily; a piece ends at the last sentence end that fits when there is
+    one, else at the last word that fits. A single word longer than a chunk is kept whole
+    (a word is never split) and reported at its real size.
+    """
+    words = counter.word_units(doc.text)
+    text = doc.text
+    w, continued = 0, False
+    while w < len(words):
+        header = document_header(index, doc.title, continued)
+        room = chunk_size - counter.count(header + "\n")
+        used, end, last_sentence = 0, w, -1
+        while end < len(words) and (used + words[end][2] <= room or end == w):
+            used += words[end][2]
+            if text[words[end][0]:words[end][1]].endswith(_SENTENCE_END):
+                last_sentence = end
+            end += 1
+        if end < len(words) and last_sentence >= w:
+            end = last_sentence + 1
+        while True:
+            piece = f"{header}\n{text[words[w][0]:words[end - 1][1]]}"
+            units = counter.count(piece)
+            # Per-word counts can differ slightly from the piece's own tokenisation: shrink.
+            if units <= chunk_size or end == w + 1:
+                break
+            end -= 1
+        yield piece, units
+        w, continued = end, True
+
+
+def iter_pieces(documents: Iterable[Document], chunk_size: int, counter: Counter) -> Iterator[tuple[int, str, int]]:
+    """Rendered pieces ``(document_index, text, units)``: whole documents, or parts of long ones."""
+    for index, doc in enumerate(documents, start=1):
+        text = render_document(index, doc)
+        units = counter.count(text)
+        if units <= chunk_size:
+            yield index, text, units
+        else:
+            for piece, piece_units in _split_long(index, doc, chunk_size, counter):
+                yield index, piece, piece_units
+
+
+def iter_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None) -> Iterator[Chunk]:
+    """Stream the chunks of a document sequence (lazily; nothing is materialised beyond a chunk)."""
+    counter = counter or WordCounter()
+    packer = Packer(chunk_size, counter)
+    parts: list[str] = []
+    first = last = 0
+    for index, text, units in iter_pieces(documents, chunk_size, counter):
+        if parts and not packer.fits(units):
+            yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first, last)
+            packer.close()
+            parts = []
+        if not parts:
+            first = index
+        packer.add(units)
+        parts.append(text)
+        last = index
+    if parts:
+        yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first, last)
+
+
+def count_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None) -> int:
+    """Number of chunks :func:`iter_chunks` would give, without joining any chunk text."""
+    counter = counter or WordCounter()
+    packer = Packer(chunk_size, counter)
+    n = 0
+    for _, _, units in iter_pieces(documents, chunk_size, counter):
+        if packer.pieces and not packer.fits(units):
+            packer.close()
+        if not packer.pieces:
+            n += 1
+        packer.add(units)
+    return n

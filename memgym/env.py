@@ -1,0 +1,245 @@
+"""The memgym environment: stream a long input in chunks to a compact-memory agent.
+
+Each step delivers one chunk; the agent's action for it becomes its new memory (cut to the
+memory budget). After the last chunk the agent answers; the episode terminates with the
+answer's score as reward. See the environment contract in the README for every info key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import gymnasium as gym
+
+from memgym.chunking import Chunk, Counter, count_chunks, iter_chunks, make_counter
+from memgym.data import Sample
+from memgym.errors import EpisodeEndedError, ResetNeededError
+from memgym.registry import TaskSpec, get_task, load_task
+from memgym.spaces import UnicodeText
+
+SCORERS = ("f1", "em", "sub_em")
+# Environment settings and their defaults; a task's [env] table overrides them, make kwargs
+# override both. Every other make kwarg goes to the task's make_source.
+ENV_DEFAULTS: dict[str, Any] = {
+    "split": "train",
+    "chunk_size": 256,
+    "num_chunks": None,
+    "context_length": None,
+    "memory_budget": 64,
+    "tokenizer": None,
+    "scorer": "f1",
+    "max_text_length": 1 << 20,
+    "hotpot_rules": False,
+    "data_seed": 0,
+}
+
+
+class MemoryQAEnv(gym.Env[str, str]):
+    """A long-horizon QA episode over one sample of a memgym task.
+
+    Args:
+        task_dir: the task folder (what registration passes); or give ``task``.
+        task: a registered id or name (``"LongQA"``, ``"memgym/LongQA-v0"``).
+        render_mode: ``None`` or ``"ansi"`` (``render()`` returns the observation text).
+        **kwargs: the settings of :data:`ENV_DEFAULTS` (see the README's kwargs table);
+            any other kwarg goes to the task's ``make_source`` (e.g. ``hops=2``).
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, task_dir: str | None = None, *, task: str | None = None, render_mode: str | None = None,
+                 **kwargs: Any):
+        if (task_dir is None) == (task is None):
+            raise TypeError("MemoryQAEnv needs exactly one of task_dir (a task folder) or task (an env id)")
+        self.task: TaskSpec = load_task(task_dir) if task_dir is not None else get_task(task)
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
+        settings, source_kwargs = self._resolve(kwargs)
+        self.settings = settings
+        self.split: str = settings["split"]
+        self.chunk_size: int = settings["chunk_size"]
+        self.memory_budget: int = settings["memory_budget"]
+        self.scorer: str = settings["scorer"]
+        self.hotpot_rules: bool = settings["hotpot_rules"]
+        self.counter: Counter = make_counter(settings["tokenizer"])
+        self.source = self._make_source(settings, source_kwargs)
+        if len(self.source) == 0:
+            raise ValueError(f"task {self.task.name} split {self.split!r} has no samples")
+        max_len = settings["max_text_length"]
+        self.observation_space = UnicodeText(max_len)
+        self.action_space = UnicodeText(max_len)
+        self._sample: Sample | None = None
+        self._chunks: Iterator[Chunk] | None = None
+
+    # ----------------------------------------------------------------- construction
+    def _resolve(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        given = {k: v for k, v in kwargs.items() if k in ENV_DEFAULTS}
+        settings = {**ENV_DEFAULTS, **self.task.env, **given}
+        # An explicit num_chunks or context_length replaces the task's default for the other.
+        if given.get("context_length") is not None and given.get("num_chunks") is not None:
+            raise ValueError("give num_chunks or context_length, not both (context_length sets the number "
+                             "of chunks as ceil(context_length / chunk_size))")
+        if given.get("context_length") is not None:
+            settings["num_chunks"] = None
+        elif given.get("num_chunks") is not None:
+            settings["context_length"] = None
+        _check_int(settings, "chunk_size", 1)
+        _check_int(settings, "memory_budget", 0)
+        _check_int(settings, "max_text_length", 1)
+        for key in ("num_chunks", "context_length"):
+            if settings[key] is not None:
+                _check_int(settings, key, 1)
+        if settings["scorer"] not in SCORERS:
+            raise ValueError(f"scorer must be one of {SCORERS}, got {settings['scorer']!r}")
+        if not isinstance(settings["split"], str):
+            raise TypeError(f"split must be a string such as 'train' or 'test', got {settings['split']!r}")
+        source_kwargs = {**self.task.source_kwargs, **{k: v for k, v in kwargs.items() if k not in ENV_DEFAULTS}}
+        return settings, source_kwargs
+
+    def _make_source(self, settings: dict[str, Any], source_kwargs: dict[str, Any]):
+        sizing = {"chunk_size": settings["chunk_size"], "num_chunks": settings["num_chunks"],
+                  "context_length": settings["context_length"], "counter": self.counter}
+        for key in ("num_chunks", "context_length"):
+            if sizing[key] is not None and not self.task.accepts(key):
+                raise ValueError(f"task {self.task.name} does not take {key}: its input length comes from its data; "
+                                 f"change chunk_size to change the number of chunks")
+        sizing = {k: v for k, v in sizing.items() if v is not None and self.task.accepts(k)}
+        if self.task.source is None:
+            return self.task.make_source(self.split, settings["data_seed"], **source_kwargs)
+        return self.task.make_source(self.split, settings["data_seed"], **sizing, **source_kwargs)
+
+    # ----------------------------------------------------------------- gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        index = self._select(options)
+        sample = self.source[index]
+        self._sample = sample
+        planned = getattr(sample.documents, "num_chunks_for", None)
+        n = planned(self.chunk_size, self.counter) if planned else None
+        self._num_chunks = n if n is not None else count_chunks(sample.documents, self.chunk_size, self.counter)
+        self._chunks = iter_chunks(sample.documents, self.chunk_size, self.counter)
+        self._memory, self._memory_size = "", 0
+        self._cut = 0
+        self._chunk_index = 0
+        self._chunk = self._next_chunk() if self._num_chunks else ""
+        self._phase = "memory" if self._num_chunks else "answer"  # an empty input goes straight to the answer
+        self._final: dict[str, Any] = {}
+        self._obs = self._observation()
+        return self._obs, self._info()
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._sample is None:
+            raise ResetNeededError("call env.reset() before env.step()")
+        if self._phase == "done":
+            raise EpisodeEndedError("the episode has ended (the answer was given); call env.reset() to start a new one")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str (the new memory, or the final answer), got "
+                            f"{type(action).__name__}: {action!r:.80}")
+        reward = 0.0
+        if self._phase == "memory":
+            self._memory, self._memory_size, self._cut = self.counter.cut(action, self.memory_budget)
+            self._chunk_index += 1
+            if self._chunk_index < self._num_chunks:
+                self._chunk = self._next_chunk()
+            else:
+                self._end_of_input()
+                self._phase, self._chunk = "answer", ""
+        else:
+            from memgym.scoring import score_answer  # lazy: the scorer is only needed at the end
+
+            metrics = score_answer(action, list(self._sample.answers), hotpot_rules=self.hotpot_rules)
+            metrics = {k: float(metrics[k]) for k in ("em", "f1", "sub_em")}
+            reward = metrics[self.scorer]
+            self._final = {"answers": list(self._sample.answers), "prediction": action, "metrics": metrics}
+            self._phase, self._cut = "done", 0
+        self._obs = self._observation()
+        return self._obs, reward, self._phase == "done", False, self._info()
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._obs + "\n" if self._sample is not None else "(call reset() first)\n"
+        return None
+
+    # ----------------------------------------------------------------- internals
+    def _select(self, options: dict[str, Any] | None) -> int:
+        options = options or {}
+        unknown = set(options) - {"sample_id", "index"}
+        if unknown:
+            raise ValueError(f"unknown reset option(s) {sorted(unknown)}; use 'sample_id' or 'index'")
+        if "sample_id" in options and "index" in options:
+            raise ValueError("give reset option 'sample_id' or 'index', not both")
+        if "sample_id" in options:
+            try:
+                return self.source.index_of(options["sample_id"])
+            except KeyError as exc:
+                raise ValueError(f"reset option sample_id: {exc.args[0]}") from None
+        if "index" in options:
+            index = options["index"]
+            if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.source):
+                raise ValueError(f"reset option index must be an int in [0, {len(self.source)}), got {index!r}")
+            return index
+        return int(self.np_random.integers(len(self.source)))
+
+    def _next_chunk(self) -> str:
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            raise RuntimeError(f"sample {self._sample.id}: the input ended after {self._chunk_index} chunks, "
+                               f"{self._num_chunks} were expected (the source's chunk plan is wrong)")
+        return chunk.text
+
+    def _end_of_input(self) -> None:
+        if next(self._chunks, None) is not None:
+            raise RuntimeError(f"sample {self._sample.id}: the input has more than the {self._num_chunks} chunks "
+                               f"expected (the source's chunk plan is wrong)")
+        self._chunks = None
+
+    def _observation(self) -> str:
+        unit = self.counter.unit
+        head = (f"[{self.task.id} | sample {self._sample.id} | chunk {min(self._chunk_index + 1, self._num_chunks)}"
+                f"/{self._num_chunks} | memory {self._memory_size}/{self.memory_budget} {unit}]")
+        lines = [head, f"Question: {self._sample.question}", "", "Memory:", self._memory or "(empty)", ""]
+        if self._phase == "memory":
+            lines += [f"Chunk {self._chunk_index + 1} of {self._num_chunks}:", self._chunk, "",
+                      f"Write your new memory (at most {self.memory_budget} {unit}): keep what you need "
+                      f"to answer the question."]
+        elif self._phase == "answer":
+            lines += [f"All {self._num_chunks} chunks have been read. Answer the question in a few words."]
+        else:
+            m = self._final["metrics"]
+            lines += [f"Your answer: {self._final['prediction']}", f"Gold answer(s): {' | '.join(self._final['answers'])}",
+                      f"Score: f1={m['f1']:.2f} em={m['em']:.2f} sub_em={m['sub_em']:.2f}"]
+        obs = "\n".join(lines)
+        if len(obs) > self.observation_space.max_length:
+            raise ValueError(f"the observation has {len(obs)} characters, more than max_text_length="
+                             f"{self.observation_space.max_length}; pass a larger max_text_length or a smaller "
+                             f"chunk_size")
+        return obs
+
+    def _info(self) -> dict[str, Any]:
+        info = {
+            "task_id": self.task.id,
+            "sample_id": self._sample.id,
+            "question": self._sample.question,
+            "phase": self._phase,
+            "chunk": self._chunk if self._phase == "memory" else "",
+            "chunk_index": self._chunk_index,
+            "num_chunks": self._num_chunks,
+            "memory": self._memory,
+            "memory_size": self._memory_size,
+            "memory_budget": self.memory_budget,
+            "budget_unit": self.counter.unit,
+            "memory_truncated": self._cut > 0,
+            "memory_cut": self._cut,
+        }
+        info.update(self._final)
+        return info
+
+
+def _check_int(settings: dict[str, Any], key: str, minimum: int) -> None:
+    value = settings[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{key} must be an int >= {minimum}, got {value!r}")
+
+
+__all__ = ["MemoryQAEnv", "ENV_DEFAULTS", "SCORERS"]

@@ -1,0 +1,1 @@
+"""Built-in sample generators: each module exposes ``make_source(split, seed, **kwargs)``."""
