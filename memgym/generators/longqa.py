@@ -295,10 +295,10 @@ def tokenizer_corpus(n_samples: int = 2000, seed: int = 0) -> Iterator[str]:
     settings = [(h, style) for h in range(1, MAX_HOPS + 1) for style in FACT_STYLES]
     for i in range(n_samples):
         hops, style = settings[i % len(settings)]
-        source = make_source("corpus", seed, hops=hops, fact_style=style, num_chunks=2, chunk_size=64,
+        source = make_source("corpus", seed, hops=hops, fact_style=style, num_chunks=2, chunk_size=128,
                              num_samples=n_samples)
         sample = source[i]
         yield sample.question
-        for chunk in iter_chunks(sample.documents, 64):
+        for chunk in iter_chunks(sample.documents, 128):
             yield chunk.text
         yield " ".join(sample.answers)
