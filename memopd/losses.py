@@ -8,7 +8,7 @@ their sum.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +153,36 @@ def divergence_from_hidden(h_s: torch.Tensor, head_s: torch.Tensor, h_t: torch.T
         else:
             out.append(fn(hs, ht, head_s, head_t, temperature, kind))
     return torch.cat(out) if out else h_s.new_zeros(0)
+
+
+def divergence_from_states(student: Any, teacher: Any, kind: str = "rkl", chunk_size: int = 1024) -> torch.Tensor:
+    """Full-vocabulary divergence per action token from two ``memopd.scoring.ActionStates``
+    (hidden states gathered at the same N action positions, plus each model's head, temperature
+    and logit post-processing). Differentiable with respect to the student only; chunked and
+    recomputed in backward, so memory stays at O(chunk_size * V). Returns [N]."""
+    if len(student) != len(teacher):
+        raise ValueError(f"student has {len(student)} action states, teacher {len(teacher)}; "
+                         "score the same episodes (teacher.select(batch.action_uid) for minibatches)")
+
+    def fn(hs: torch.Tensor, ts: torch.Tensor, ht: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
+        logp_s = F.log_softmax(student.logits(hs, ts), dim=-1)
+        with torch.no_grad():
+            logp_t = F.log_softmax(teacher.logits(ht, tt), dim=-1).to(logp_s.device)
+        if logp_t.shape[-1] != logp_s.shape[-1]:
+            raise ValueError(f"student and teacher vocabularies differ ({logp_s.shape[-1]} vs {logp_t.shape[-1]} "
+                             "logits); full-vocabulary distillation needs the same tokenizer")
+        return divergence_from_logprobs(logp_s, logp_t, kind)
+
+    h_t = teacher.hidden.detach()
+    out = []
+    for start in range(0, len(student), chunk_size):
+        sl = slice(start, start + chunk_size)
+        args = (student.hidden[sl], student.temperatures[sl], h_t[sl], teacher.temperatures[sl])
+        if torch.is_grad_enabled() and student.hidden.requires_grad:
+            out.append(checkpoint(fn, *args, use_reentrant=False))
+        else:
+            out.append(fn(*args))
+    return torch.cat(out) if out else student.hidden.new_zeros(0)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""What a training run writes as it goes: metrics JSONL, sample episodes, curves PNG, and
+optional TensorBoard / W&B mirrors.
+
+    RUN_DIR/config.toml           the resolved config
+    RUN_DIR/metrics.jsonl         one JSON object per logged step
+    RUN_DIR/episodes/step-N.jsonl sample episodes of that step
+    RUN_DIR/curves.png            reward / F1, KL to teacher, entropy (redrawn as training goes)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+# curves drawn in curves.png: (title, metric keys)
+PANELS = (
+    ("reward / F1", ("reward", "f1", "eval/f1")),
+    ("KL to teacher", ("kl/all", "kl/memory", "kl/answer")),
+    ("entropy", ("entropy",)),
+    ("tokens/s", ("tokens_per_s",)),
+)
+
+
+class RunLogger:
+    """Appends metrics to ``metrics.jsonl`` and mirrors them to TensorBoard / W&B when asked."""
+
+    def __init__(self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str | None = None,
+                 config: dict[str, Any] | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._tb = self._wandb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise RuntimeError("--tensorboard needs the tensorboard package: pip install 'memopd[logging]'") from exc
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as exc:
+                raise RuntimeError("--wandb-project needs the wandb package: pip install 'memopd[logging]'") from exc
+            self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config or {})
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows logged after ``step`` (used on resume: those steps are redone)."""
+        rows = read_metrics(self.path)
+        with self.path.open("w", encoding="utf-8") as fh:
+            for r in rows:
+                if r["step"] <= step:
+                    fh.write(json.dumps(r) + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN; a gap in the curve says it
+    return v
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+    return rows
+
+
+def plot_curves(rows: Iterable[dict[str, Any]], out: str | Path, title: str = "") -> Path | None:
+    """Draw the training curves to a PNG; returns its path (None when there is nothing to draw)."""
+    rows = list(rows)
+    if not rows:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
+    for ax, (name, keys) in zip(axes, PANELS):
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=key)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    tmp.replace(out)
+    return out

@@ -1,0 +1,611 @@
+"""MemOPD training: PPO on the final reward + full-vocabulary on-policy distillation, on packed,
+state-aligned reconstructions of every recorded model invocation.
+
+    python -m memopd.train --env memgym/LongQA-v0                       # the embedded default
+    python -m memopd.train --env memgym/LongQA-v0 --model DIR --teacher DIR
+
+One step, top to bottom (see :func:`train_step`):
+  1. rollout   B questions x G samples with the current student (MemAgent); every model call is
+               recorded exactly (prompt ids, positions, sampled ids, sampling log-probs).
+  2. advantage group-relative (GRPO-style) or GAE with a critic; trajectory rewards are spread
+               over a trajectory's invocations with weight 1 / #invocations, so the number of
+               calls is not a hidden weight.
+  3. pack      the invocations into rows (shared prefix once per row, recorded positions, no
+               attention across calls) -> PackedBatch, N action tokens.
+  4. teacher   hidden states of the teacher at the N action positions, under the student's exact
+               state (`aligned`, MemOPD) or the flattened history (`persistent`, the control).
+  5. update    for each PPO epoch and minibatch of rows:
+                 L_actor = L_PPO - alpha * H + lambda * L_OPD
+               L_OPD = mean over teacher-mask tokens of KL(p_student || p_teacher) over the full
+               vocabulary, projected in chunks from gathered hidden states.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from agents.records import ROLES, Episode, save_episodes
+from memopd import checkpoint, losses
+from memopd import config as cfgmod
+from memopd.config import field
+from memopd.packing import PackedBatch, pack_episodes
+from memopd.runlog import RunLogger, plot_curves, read_metrics
+from memopd.scoring import ActionStates, action_states, token_logprobs
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. too many non-finite losses in a row); the message says why."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``."""
+
+    # what to train on
+    env: str = field("memgym/LongQA-v0", help="memgym environment id")
+    env_kwargs: dict = field(default_factory=dict, help="JSON object of env kwargs, e.g. '{\"num_chunks\": 6}'")
+    model: str = field("tiny", help="student: preset (tiny), local dir, hub id or .gguf")
+    teacher: str = field("auto", help="teacher spec; 'auto' = the tiny-teacher preset fine-tuned on oracle "
+                                      "trajectories of --env (built and cached on first use)")
+    student_warmup_steps: int = field(60, help="SFT steps on oracle trajectories before RL when --model is a "
+                                               "tiny preset (learns the output format; 0 = start from --model as is)",
+                                      range=(0, None))
+    # run
+    run_dir: str | None = field(None, help="run directory (default runs/train/<env>-<time>)")
+    resume: str | None = field(None, help="resume the run in this directory from its last checkpoint")
+    steps: int = field(40, help="training steps (one rollout batch each)", range=(1, None))
+    seed: int = field(0, help="random seed (rollouts, sampling, init)")
+    threads: int | None = field(None, help="torch CPU threads (default: torch's choice)")
+    device: str = field("cpu", help="torch device")
+    # rollout
+    questions_per_step: int = field(16, help="questions per step (B)", range=(1, None))
+    group_size: int = field(4, help="samples per question (G)", range=(1, None))
+    rollout_envs: int = field(64, help="environments stepped in lockstep (model calls batched across them)",
+                              range=(1, None))
+    temperature: float = field(1.0, help="sampling temperature of rollouts", range=(1e-3, 10.0))
+    max_new_tokens: int = field(48, help="most tokens sampled per call", range=(1, None))
+    # objective
+    reward: str = field("f1", help="task reward; 'none' = OPD only", choices=("f1", "em", "sub_em", "none"))
+    advantage: str = field("grpo", help="advantage estimator", choices=("grpo", "gae"))
+    opd_coef: float = field(1.0, help="lambda: weight of the distillation term (0 = PPO only)", range=(0.0, None))
+    opd_divergence: str = field("rkl", help="distillation divergence", choices=losses.DIVERGENCES)
+    teacher_context: str = field("aligned", help="teacher scoring context: aligned (MemOPD) or persistent "
+                                                 "(flattened history, the control)", choices=("aligned", "persistent"))
+    teacher_mask: str = field("both", help="which action tokens the teacher supervises",
+                              choices=("both", "memory", "answer"))
+    entropy_coef: float = field(0.0, help="alpha: entropy bonus", range=(0.0, None))
+    ref_beta: float = field(0.0, help="beta: reward penalty beta * [logp_old - logp_ref]_+ against the "
+                                      "frozen initial student", range=(0.0, None))
+    clip_eps: float = field(0.2, help="PPO ratio clip", range=(0.0, 1.0))
+    gamma: float = field(1.0, help="GAE discount", range=(0.0, 1.0))
+    lam: float = field(1.0, help="GAE lambda", range=(0.0, 1.0))
+    vf_coef: float = field(0.5, help="value loss weight (GAE critic)", range=(0.0, None))
+    # optimisation
+    ppo_epochs: int = field(1, help="passes over each rollout batch", range=(1, None))
+    minibatches: int = field(2, help="minibatches per epoch (split by packed rows)", range=(1, None))
+    lr: float = field(5e-4, help="peak learning rate (AdamW)", range=(0.0, 1.0))
+    critic_lr: float = field(1e-3, help="critic learning rate (GAE)", range=(0.0, 1.0))
+    lr_schedule: str = field("constant", help="learning-rate schedule after warm-up",
+                             choices=("constant", "cosine", "linear"))
+    warmup_steps: int = field(0, help="linear warm-up steps", range=(0, None))
+    weight_decay: float = field(0.0, help="AdamW weight decay", range=(0.0, None))
+    max_grad_norm: float = field(1.0, help="gradient clipping norm", range=(0.0, None))
+    pack_tokens: int = field(4096, help="token budget of one packed row", range=(64, None))
+    kl_chunk: int = field(1024, help="action tokens projected to the full vocabulary at a time", range=(1, None))
+    attn: str | None = field(None, help="attention lowering: sdpa, eager (CPU) or flex, flash (GPU); "
+                                        "default by device", choices=("sdpa", "eager", "flex", "flash", "blocks"))
+    # evaluation, logging, checkpoints
+    eval_every: int = field(10, help="held-out evaluation every N steps (0 = only before and after)",
+                            range=(0, None))
+    eval_episodes: int = field(64, help="held-out episodes per evaluation (test split, greedy)", range=(1, None))
+    save_every: int = field(5, help="checkpoint every N steps", range=(1, None))
+    keep_checkpoints: int = field(2, help="checkpoints kept", range=(1, None))
+    sample_episodes: int = field(4, help="episodes saved per step to episodes/step-N.jsonl", range=(0, None))
+    audit_every: int = field(0, help="RCE audit (packed vs per-invocation logits) every N steps; 0 = off",
+                             range=(0, None))
+    max_bad_steps: int = field(3, help="stop after this many steps in a row with a non-finite loss",
+                               range=(1, None))
+    tensorboard: bool = field(False, help="also log to TensorBoard (RUN_DIR/tensorboard)")
+    wandb_project: str | None = field(None, help="also log to this W&B project")
+    progress: bool = field(True, help="progress bars")
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------
+
+TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 2000, "steps": 400, "batch_episodes": 32, "lr": 3e-3}
+
+
+def default_teacher_dir(cfg: TrainConfig) -> Path:
+    """Cache location of the auto teacher, keyed by everything that shapes it."""
+    from agents.models import cache_dir
+
+    key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, **TEACHER_SFT}, sort_keys=True)
+    return cache_dir() / "teachers" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def ensure_teacher(cfg: TrainConfig, log=print) -> str:
+    """Resolve ``--teacher auto``: fine-tune the tiny-teacher preset on oracle trajectories once."""
+    if cfg.teacher != "auto":
+        return cfg.teacher
+    out = default_teacher_dir(cfg)
+    if (out / "config.json").is_file():
+        log(f"teacher: cached SFT teacher {out}")
+        return str(out)
+    from memopd.sft import SFTConfig, run as run_sft
+
+    log(f"teacher: none cached for {cfg.env}; building it now: SFT of {TEACHER_SFT['model']} on "
+        f"{TEACHER_SFT['num_episodes']} oracle trajectories, {TEACHER_SFT['steps']} steps (cached at {out})")
+    sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=cfg.seed + 1,
+                        threads=cfg.threads, **TEACHER_SFT)
+    run_sft(sft_cfg, progress=cfg.progress)
+    return str(out)
+
+
+def warm_start_student(model: torch.nn.Module, tokenizer: Any, cfg: TrainConfig, log=print) -> None:
+    """A short SFT on oracle trajectories so a from-scratch tiny student knows the output format."""
+    from memopd.sft import SFTConfig, oracle_episodes, train_sft
+
+    log(f"student: warm start, {cfg.student_warmup_steps} SFT steps on oracle trajectories")
+    eps = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, 256, seed=cfg.seed + 2, progress=False)
+    sft_cfg = SFTConfig(steps=cfg.student_warmup_steps, batch_episodes=16, lr=3e-3, warmup_steps=5,
+                        seed=cfg.seed + 2)
+    train_sft(model, eps, sft_cfg, pad_token_id=_pad_id(tokenizer), progress=cfg.progress)
+
+
+def _pad_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+class Critic(torch.nn.Module):
+    """Value model for GAE: a copy of the student's decoder with a scalar head, read at the same
+    gather positions as the action logits (the state before each sampled token)."""
+
+    def __init__(self, student: torch.nn.Module):
+        super().__init__()
+        self.lm = copy.deepcopy(student)
+        hidden = self.lm.get_output_embeddings().weight.shape[1]
+        self.v_head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.v_head.weight)
+        torch.nn.init.zeros_(self.v_head.bias)
+
+    def forward(self, batch: PackedBatch, lowering: str | None = None) -> torch.Tensor:
+        from memopd.attention import packed_hidden_states
+
+        return self.v_head(packed_hidden_states(self.lm, batch, lowering))[:, 0]  # [N]
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollouts and evaluation
+# ------------------------------------------------------------------------------------------------
+
+class Roller:
+    """Runs MemAgent episodes of the current student on a pool of envs."""
+
+    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any):
+        import gymnasium as gym
+
+        import memgym  # noqa: F401  (registers the envs)
+        from agents.backends.hf import HFBackend
+
+        self.cfg = cfg
+        self.backend = HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed)
+        n = min(cfg.rollout_envs, cfg.questions_per_step * cfg.group_size)
+        kw = {**cfg.env_kwargs, "tokenizer": tokenizer}
+        self.train_envs = [gym.make(cfg.env, split="train", **kw) for _ in range(n)]
+        self.test_envs = [gym.make(cfg.env, split="test", **kw) for _ in range(min(cfg.rollout_envs, cfg.eval_episodes))]
+
+    def _agent(self, greedy: bool, seed: int | None):
+        from agents.backends.base import SamplingParams
+        from agents.memagent import MemAgent
+
+        sp = SamplingParams(temperature=self.cfg.temperature, max_new_tokens=self.cfg.max_new_tokens,
+                            greedy=greedy, seed=seed)
+        return MemAgent(self.backend, sampling=sp)
+
+    def rollout(self, step: int) -> list[Episode]:
+        from agents.rollout import rollout
+
+        cfg = self.cfg
+        self.backend.policy_version = step
+        # every step has its own seeds, so a resumed run replays exactly what it would have done
+        base = cfg.seed * 1_000_003 + step * cfg.questions_per_step
+        self.backend._stream.manual_seed(base)
+        return rollout(self.train_envs, self._agent(False, None), cfg.questions_per_step * cfg.group_size,
+                       group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}")
+
+    def evaluate(self) -> dict[str, float]:
+        from agents.rollout import rollout
+        from memgym.scoring import aggregate
+
+        eps = rollout(self.test_envs, self._agent(True, 0), self.cfg.eval_episodes, seed=10_000,
+                      progress=self.cfg.progress, run_id="eval")
+        agg = aggregate([e.metrics for e in eps])
+        return {k: float(agg[k]) for k in ("em", "f1", "sub_em")}
+
+
+# ------------------------------------------------------------------------------------------------
+# Advantages and weights
+# ------------------------------------------------------------------------------------------------
+
+def trajectory_weights(batch: PackedBatch, episodes: Sequence[Episode]) -> torch.Tensor:
+    """[N] per-token weights: each trajectory weighs 1 in all, split equally over its invocations
+    and within an invocation equally over its tokens."""
+    e, i = batch.token_map[:, 0].tolist(), batch.token_map[:, 1].tolist()
+    w = [1.0 / (len(episodes[ei].invocations) * len(episodes[ei].invocations[ii].response_ids))
+         for ei, ii in zip(e, i)]
+    return torch.tensor(w, dtype=torch.float32)
+
+
+def episode_rewards(episodes: Sequence[Episode], kind: str) -> torch.Tensor:
+    if kind == "none":
+        return torch.zeros(len(episodes))
+    return torch.tensor([float(e.metrics.get(kind, e.reward)) for e in episodes], dtype=torch.float32)
+
+
+def grpo_token_advantages(batch: PackedBatch, episodes: Sequence[Episode], rewards: torch.Tensor) -> torch.Tensor:
+    adv = losses.group_advantages(rewards, [e.group_id or e.episode_id for e in episodes])
+    return adv[batch.token_map[:, 0]]
+
+
+def gae_token_advantages(batch: PackedBatch, rewards: torch.Tensor, values: torch.Tensor,
+                         penalty: torch.Tensor | None, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over each trajectory's action tokens in call order; the reward lands on the last token."""
+    adv = torch.zeros_like(values)
+    ret = torch.zeros_like(values)
+    ep = batch.token_map[:, 0]
+    for e in ep.unique().tolist():
+        idx = (ep == e).nonzero()[:, 0]  # canonical order: invocation, then token
+        r = torch.zeros(len(idx))
+        r[-1] = rewards[e]
+        if penalty is not None:
+            r = r + penalty[idx]
+        a, g = losses.gae(r, values[idx], gamma, lam)
+        adv[idx], ret[idx] = a, g
+    return adv, ret
+
+
+def role_masks(batch: PackedBatch, episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
+    roles = [episodes[e].invocations[i].role for e, i in batch.token_map[:, :2].tolist()]
+    return {r: torch.tensor([x == r for x in roles], dtype=torch.bool) for r in ROLES}
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer
+# ------------------------------------------------------------------------------------------------
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, log=print):
+        from agents.models import check_same_vocab, load
+
+        self.cfg, self.log = cfg, log
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        _check_env(cfg.env)
+        self.run_dir = Path(cfg.run_dir)
+        self.student, self.tokenizer = load(cfg.model, device=cfg.device)
+        self.teacher = self.teacher_tok = None
+        if cfg.opd_coef > 0:
+            self.teacher, self.teacher_tok = load(ensure_teacher(cfg, log), device=cfg.device)
+            check_same_vocab(self.teacher_tok, self.tokenizer)
+            self.teacher.eval().requires_grad_(False)
+        self.fresh_student = cfg.student_warmup_steps > 0 and cfg.model.startswith("tiny") and not cfg.resume
+        self.ref = None
+        self.critic = Critic(self.student) if cfg.advantage == "gae" else None
+        self.roller = Roller(cfg, self.student, self.tokenizer)
+        self.opt = torch.optim.AdamW(self.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_lambda)
+        self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
+                           if self.critic is not None else None)
+        self.step = 0
+        self.bad_steps = 0
+        self.history: dict[str, Any] = {}
+        self.logger = RunLogger(self.run_dir, cfg.tensorboard, cfg.wandb_project, dataclasses.asdict(cfg))
+
+    def _lr_lambda(self, step: int) -> float:
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * frac))
+        if cfg.lr_schedule == "linear":
+            return 1.0 - frac
+        return 1.0
+
+    # -- state ---------------------------------------------------------------------------------
+    def modules(self) -> dict[str, torch.nn.Module]:
+        mods = {"student": self.student}
+        if self.critic is not None:
+            mods["critic"] = self.critic
+        if self.ref is not None:
+            mods["ref"] = self.ref
+        return mods
+
+    def save(self) -> Path:
+        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                 "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt else None,
+                 "rng": checkpoint.rng_state(), "bad_steps": self.bad_steps, "history": self.history}
+        return checkpoint.save(self.run_dir, self.step, self.modules(), state, keep=self.cfg.keep_checkpoints)
+
+    def restore(self) -> None:
+        if self.cfg.ref_beta > 0:
+            self.ref = copy.deepcopy(self.student).requires_grad_(False)
+        state, path = checkpoint.load_latest(self.run_dir, self.modules())
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.critic_opt is not None and state.get("critic_optimizer"):
+            self.critic_opt.load_state_dict(state["critic_optimizer"])
+        checkpoint.set_rng_state(state["rng"])
+        self.step, self.bad_steps, self.history = state["step"], state["bad_steps"], state["history"]
+        self.logger.truncate_after(self.step)
+        self.log(f"resumed from {path} at step {self.step}")
+
+    # -- one step ------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        episodes = self.roller.rollout(self.step)
+        t_roll = time.perf_counter() - t0
+
+        # advantages ----------------------------------------------------------------------------
+        teacher_roles = ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,)
+        batch = pack_episodes(episodes, cfg.pack_tokens, mode="aligned", teacher_roles=teacher_roles,
+                              pad_token_id=_pad_id(self.tokenizer))
+        rewards = episode_rewards(episodes, cfg.reward)
+        weights = trajectory_weights(batch, episodes)
+        penalty = None
+        if self.ref is not None and cfg.ref_beta > 0:
+            with torch.no_grad():
+                ref_lp, _, _ = token_logprobs(action_states(self.ref, batch, lowering=cfg.attn), batch.action_ids)
+            penalty = losses.penalised_rewards(rewards, batch.old_logprobs, ref_lp, cfg.ref_beta)
+        values = returns = None
+        if cfg.advantage == "gae":
+            with torch.no_grad():
+                values = self.critic(batch, cfg.attn)
+            adv, returns = gae_token_advantages(batch, rewards, values, penalty, cfg.gamma, cfg.lam)
+            adv = (adv - adv.mean()) / (adv.std() + 1e-6) if len(adv) > 1 else adv
+        else:
+            if penalty is not None:  # spread the trajectory's mean penalty onto its reward
+                pen_ep = torch.zeros(len(episodes)).index_add_(0, batch.token_map[:, 0], penalty * weights)
+                rewards = rewards + pen_ep
+            adv = grpo_token_advantages(batch, episodes, rewards)
+        batch.advantages = adv
+
+        # teacher -------------------------------------------------------------------------------
+        teacher_states = None
+        if self.teacher is not None:
+            with torch.no_grad():
+                tb = batch if cfg.teacher_context == "aligned" else pack_episodes(
+                    episodes, cfg.pack_tokens, mode="persistent", teacher_roles=teacher_roles,
+                    pad_token_id=_pad_id(self.tokenizer))
+                teacher_states = action_states(self.teacher, tb, lowering=cfg.attn)
+                teacher_states = ActionStates(teacher_states.hidden.detach(), teacher_states.head,
+                                              teacher_states.temperatures, teacher_states.softcap,
+                                              teacher_states.vocab_size)
+
+        # updates -------------------------------------------------------------------------------
+        roles = role_masks(batch, episodes)
+        stats = self._update(batch, weights, teacher_states, values, returns, roles)
+        dt = time.perf_counter() - t0
+
+        n_calls = sum(len(e.invocations) for e in episodes)
+        mem_tokens = [len(i.response_ids) for e in episodes for i in e.invocations if i.role == "memory"]
+        metrics = {
+            "reward": float(episode_rewards(episodes, cfg.reward if cfg.reward != "none" else "f1").mean()),
+            "f1": _mean([e.metrics.get("f1", 0.0) for e in episodes]),
+            "em": _mean([e.metrics.get("em", 0.0) for e in episodes]),
+            "calls_per_episode": n_calls / max(1, len(episodes)),
+            "memory_tokens_per_call": _mean(mem_tokens),
+            "action_tokens": batch.num_actions,
+            "packing_efficiency": 1.0 - batch.padding_fraction,
+            "tokens_per_s": batch.num_real_tokens * cfg.ppo_epochs / max(1e-9, dt - t_roll),
+            "rollout_s": t_roll, "step_s": dt, "lr": self.sched.get_last_lr()[0],
+            **stats,
+        }
+        self._save_samples(episodes)
+        return metrics
+
+    def _update(self, batch: PackedBatch, weights: torch.Tensor, teacher_states: ActionStates | None,
+                values: torch.Tensor | None, returns: torch.Tensor | None,
+                roles: dict[str, torch.Tensor]) -> dict[str, float]:
+        cfg = self.cfg
+        rows_per_mb = max(1, math.ceil(batch.num_rows / cfg.minibatches))
+        sums: dict[str, list[float]] = {}
+        kl_parts: dict[str, list[torch.Tensor]] = {"all": [], **{r: [] for r in ROLES}}
+        skipped = 0
+        self.student.train()
+        for _ in range(cfg.ppo_epochs):
+            for mb in batch.micro_batches(rows_per_mb):
+                uid = mb.action_uid
+                w = weights[uid]
+                s = action_states(self.student, mb, lowering=cfg.attn)
+                logp, ent, _ = token_logprobs(s, mb.action_ids, chunk_size=cfg.kl_chunk)
+                pg, pg_stats = (losses.ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, w, cfg.clip_eps)
+                                if cfg.reward != "none" else (logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}))
+                entropy = losses.masked_mean(ent, w)
+                opd = logp.sum() * 0.0
+                if teacher_states is not None:
+                    t = teacher_states.select(uid)
+                    div = losses.divergence_from_states(s, t, cfg.opd_divergence, cfg.kl_chunk)
+                    tmask = mb.teacher.float()
+                    opd = losses.masked_mean(div, tmask)
+                    with torch.no_grad():
+                        kl_parts["all"].append(div.detach()[mb.teacher])
+                        for r in ROLES:
+                            kl_parts[r].append(div.detach()[roles[r][uid] & mb.teacher])
+                loss = losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef)
+                vloss = None
+                if self.critic is not None:
+                    v = self.critic(mb, cfg.attn)
+                    vloss = losses.value_loss(v, values[uid], returns[uid], w)
+                if not torch.isfinite(loss) or (vloss is not None and not torch.isfinite(vloss)):
+                    skipped += 1
+                    self.opt.zero_grad(set_to_none=True)
+                    continue
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.max_grad_norm)
+                if not torch.isfinite(gnorm):
+                    skipped += 1
+                    self.opt.zero_grad(set_to_none=True)
+                    continue
+                self.opt.step()
+                if vloss is not None:
+                    self.critic_opt.zero_grad(set_to_none=True)
+                    (cfg.vf_coef * vloss).backward()
+                    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+                    self.critic_opt.step()
+                    sums.setdefault("value_loss", []).append(vloss.item())
+                for k, v in {"loss": loss.item(), "pg_loss": pg.item(), "opd_loss": opd.item(),
+                             "entropy": entropy.item(), "grad_norm": float(gnorm), **pg_stats}.items():
+                    sums.setdefault(k, []).append(v)
+        if sums:  # at least one optimizer step happened
+            self.sched.step()
+        self.student.eval()
+        out = {k: _mean(v) for k, v in sums.items()}
+        for r, parts in kl_parts.items():
+            cat = torch.cat(parts) if parts else torch.zeros(0)
+            out[f"kl/{r}"] = cat.mean().item() if len(cat) else float("nan")
+        out["skipped_minibatches"] = skipped
+        if skipped and not sums:
+            out["loss"] = float("nan")
+        return out
+
+    def _save_samples(self, episodes: Sequence[Episode]) -> None:
+        if self.cfg.sample_episodes:
+            save_episodes(self.run_dir / "episodes" / f"step-{self.step + 1:06d}.jsonl",
+                          episodes[: self.cfg.sample_episodes])
+
+    # -- the loop ------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if cfg.resume:
+            self.restore()
+        else:
+            if self.fresh_student:
+                warm_start_student(self.student, self.tokenizer, cfg, self.log)
+            if cfg.ref_beta > 0:
+                self.ref = copy.deepcopy(self.student).requires_grad_(False)
+            self.history["eval_before"] = self.roller.evaluate()
+            self.log(f"held-out before training: F1 {self.history['eval_before']['f1']:.3f}  "
+                     f"EM {self.history['eval_before']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
+            self.logger.log(0, {f"eval/{k}": v for k, v in self.history["eval_before"].items()})
+            self.save()
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not cfg.progress)
+        while self.step < cfg.steps:
+            metrics = self.train_step()
+            self.step += 1
+            if math.isnan(metrics.get("loss", float("nan"))):
+                self.bad_steps += 1
+                warnings.warn(f"step {self.step}: non-finite loss, update skipped "
+                              f"({self.bad_steps}/{cfg.max_bad_steps} in a row)", RuntimeWarning, stacklevel=2)
+                if self.bad_steps >= cfg.max_bad_steps:
+                    last = checkpoint.list_checkpoints(self.run_dir)
+                    raise TrainingError(
+                        f"{self.bad_steps} steps in a row had a non-finite loss; stopped at step {self.step}. "
+                        f"The last good checkpoint is intact: {last[0] if last else 'none'}. "
+                        "Lower --lr or --opd-coef, or check the teacher, then --resume.")
+            else:
+                self.bad_steps = 0
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                metrics.update({f"eval/{k}": v for k, v in self.roller.evaluate().items()})
+            if cfg.audit_every and self.step % cfg.audit_every == 0:
+                metrics["audit/max_logit_diff"] = self._audit()
+            self.logger.log(self.step, metrics)
+            bar.update(1)
+            bar.set_postfix(f1=f"{metrics['f1']:.3f}", kl=f"{metrics.get('kl/all', float('nan')):.3f}", refresh=False)
+            if self.bad_steps == 0 and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
+                self.save()
+            plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png", title=f"{cfg.env}  {self.run_dir.name}")
+        bar.close()
+        if "eval_after" not in self.history or self.history.get("eval_after_step") != self.step:
+            self.history["eval_after"] = self.roller.evaluate()
+            self.history["eval_after_step"] = self.step
+            self.logger.log(self.step, {f"eval/{k}": v for k, v in self.history["eval_after"].items()})
+            self.save()
+        plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png", title=f"{cfg.env}  {self.run_dir.name}")
+        self.logger.close()
+        before, after = self.history.get("eval_before", {}), self.history["eval_after"]
+        self.log(f"held-out F1: before {before.get('f1', float('nan')):.3f} -> after {after['f1']:.3f}  "
+                 f"(EM {before.get('em', float('nan')):.3f} -> {after['em']:.3f})")
+        self.log(f"run directory: {self.run_dir}")
+        summary = {"eval_before": before, "eval_after": after, "steps": self.step}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _audit(self) -> float:
+        from memopd.audit import audit_episodes
+
+        eps = self.roller.rollout(self.step)[:4]
+        return float(audit_episodes(self.student, eps)["aligned"]["max_abs_diff"])
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else float("nan")
+
+
+def _check_env(env_id: str) -> None:
+    import memgym
+
+    try:
+        memgym.resolve_id(env_id)
+    except memgym.UnknownEnvError as exc:
+        raise cfgmod.ConfigError(str(exc)) from None
+
+
+def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
+    """Fill the run directory, or read the saved config back when resuming (flags in
+    ``explicit``, e.g. a larger --steps, override the saved values)."""
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        saved = run_dir / "config.toml"
+        if not saved.is_file():
+            raise cfgmod.ConfigError(f"--resume {run_dir}: no config.toml there; is it a run directory?")
+        values = cfgmod.load_toml(saved)
+        values.update({name: getattr(cfg, name) for name in explicit | {"progress"}})
+        values.update({"resume": str(run_dir), "run_dir": str(run_dir)})
+        return cfgmod.from_dict(TrainConfig, values, source=str(saved))
+    if cfg.run_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        cfg = dataclasses.replace(cfg, run_dir=f"runs/train/{cfg.env.replace('/', '_')}-{stamp}")
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(cfgmod.dump_toml(cfg))
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = cfgmod.parse_args(TrainConfig, argv, "python -m memopd.train", __doc__.splitlines()[0])
+    try:
+        given = {a[2:].split("=")[0].replace("-", "_") for a in (argv if argv is not None else sys.argv[1:])
+                 if a.startswith("--")}
+        if not cfg.resume:
+            _check_env(cfg.env)
+        cfg = prepare(cfg, given - {"resume", "config"})
+        print("config:\n" + cfgmod.dump_toml(cfg), file=sys.stderr)
+        Trainer(cfg, log=lambda m: print(m, file=sys.stderr, flush=True)).fit()
+    except (cfgmod.ConfigError, TrainingError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
