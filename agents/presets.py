@@ -1,0 +1,194 @@
+"""Built-in tiny models: small Qwen2/Llama configs and a BPE tokenizer trained in process.
+
+The presets exist so that everything (tests, examples, CI) runs offline on a CPU in seconds. All
+tiny presets share one byte-level BPE tokenizer trained on LongQA text
+(:func:`memgym.generators.longqa.tokenizer_corpus`) plus the agents' prompt template text
+(:func:`agents.prompts.template_corpus`), so every task word is a single token and teacher and
+student have the same vocabulary (on-policy distillation needs that). Weights are a seeded random
+initialisation: building a preset twice gives identical weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+"""Special tokens of the preset tokenizer: padding / document end, then the ChatML markers."""
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""ChatML, without a default system message."""
+
+TOKENIZER_VOCAB_SIZE = 2048
+"""Target vocabulary size of the preset tokenizer (bytes + merges + special tokens)."""
+
+PRESET_FORMAT = 1
+"""Bump when the way presets are built changes, so stale caches are rebuilt."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A tiny model: architecture and sizes; the tokenizer is the shared preset tokenizer."""
+
+    name: str
+    description: str
+    model_type: str
+    """``"qwen2"`` or ``"llama"``."""
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    """Fewer KV heads than attention heads = grouped-query attention (as in Qwen2.5)."""
+    max_position_embeddings: int = 4096
+    seed: int = 0
+    """Seed of the weight initialisation."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Other config fields."""
+
+    def config_dict(self, vocab_size: int, special_ids: dict[str, int]) -> dict[str, Any]:
+        return dict(
+            vocab_size=vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+            initializer_range=0.02,
+            bos_token_id=None,
+            eos_token_id=special_ids["<|im_end|>"],
+            pad_token_id=special_ids["<|endoftext|>"],
+            **self.extra,
+        )
+
+
+TINY_PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("tiny", "student: Qwen2-style, hidden 128, 2 layers, 4 heads / 2 KV heads (0.66M params)",
+               "qwen2", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, seed=0),
+        Preset("tiny-teacher", "teacher: Qwen2-style, hidden 256, 4 layers, 4 heads / 2 KV heads (~3.7M params)",
+               "qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, seed=1),
+        Preset("tiny-llama", "Llama-style variant of tiny (tests other architectures)",
+               "llama", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, seed=2),
+    )
+}
+
+
+TEMPLATE_WEIGHT = 30
+"""Times the prompt template text is repeated in the tokenizer corpus, so that its words, which
+every prompt carries, become single tokens against the much larger task text."""
+LINE_START_WEIGHT = 120
+"""Times a list of every corpus word, one per line, is added: words at a line start (a memory's
+first word, an answer) are pre-tokenised without the leading space and need their own tokens."""
+FINGERPRINT_TEXTS = 300
+"""How many leading LongQA texts the cache key hashes (the whole corpus takes seconds to make)."""
+_WORD = re.compile(r"\b[A-Za-z]+\b")
+_LOWER_WORD = re.compile(r"\b[a-z]+\b")
+
+
+def _sources() -> tuple[list[str], Iterator[str]]:
+    from agents.prompts import template_corpus
+    from memgym.generators.longqa import tokenizer_corpus
+
+    return list(template_corpus()), tokenizer_corpus()
+
+
+def tokenizer_texts() -> Iterator[str]:
+    """The text the preset tokenizer is trained on: the prompt templates' text (weighted), LongQA
+    text (:func:`memgym.generators.longqa.tokenizer_corpus`), then every word seen, one per line."""
+    templates, corpus = _sources()
+    words: set[str] = set()
+    for text in templates * TEMPLATE_WEIGHT:
+        words.update(_WORD.findall(text))
+        yield text
+    for text in corpus:
+        words.update(_LOWER_WORD.findall(text))  # task words; capitals only start sentences
+        yield text
+    line_start = "\n".join(sorted(words))
+    for _ in range(LINE_START_WEIGHT):
+        yield line_start
+
+
+def corpus_fingerprint() -> str:
+    """Hash of the template text and the first LongQA texts: when the task generator or the
+    templates change, so does the fingerprint (and the cached presets are rebuilt)."""
+    templates, corpus = _sources()
+    h = hashlib.sha256()
+    for text in itertools.chain(templates, itertools.islice(corpus, FINGERPRINT_TEXTS)):
+        h.update(text.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Any:
+    """Train a byte-level BPE on ``texts`` and wrap it as a transformers tokenizer with ChatML.
+
+    Byte-level: any text (any Unicode) encodes without unknown tokens. EOS is ``<|im_end|>``
+    (the end of a chat turn), padding is ``<|endoftext|>``; no BOS is added.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_model(preset: Preset, tokenizer: Any) -> Any:
+    """A randomly initialised model for ``preset``, seeded (same weights every time), fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[preset.model_type]
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = config_cls(**preset.config_dict(len(tokenizer), special))
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state untouched
+        torch.manual_seed(preset.seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = special["<|endoftext|>"]
+    model.generation_config.eos_token_id = special["<|im_end|>"]
+    return model
+
+
+def tokenizer_key(fingerprint: str) -> str:
+    """Short hash of everything the shared preset tokenizer depends on."""
+    spec = {"format": PRESET_FORMAT, "vocab": TOKENIZER_VOCAB_SIZE, "special": SPECIAL_TOKENS,
+            "template": CHATML_TEMPLATE, "weights": [TEMPLATE_WEIGHT, LINE_START_WEIGHT], "corpus": fingerprint}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def preset_key(preset: Preset, fingerprint: str) -> str:
+    """Short hash of everything a preset's files depend on (its cache directory name)."""
+    spec = {"tokenizer": tokenizer_key(fingerprint), "preset": asdict(preset)}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
