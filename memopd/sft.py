@@ -50,6 +50,8 @@ class SFTConfig:
     weight_decay: float = field(0.0, help="AdamW weight decay", range=(0.0, None))
     max_grad_norm: float = field(1.0, help="gradient clipping norm", range=(0.0, None))
     pack_tokens: int = field(4096, help="token budget of one packed row", range=(64, None))
+    attn: str | None = field(None, help="attention lowering (sdpa, eager, blocks; flex, flash on GPU); "
+                                        "default by device", choices=("sdpa", "eager", "blocks", "flex", "flash"))
     seed: int = field(0, help="random seed")
     threads: int | None = field(None, help="torch CPU threads (default: torch's choice)")
 
@@ -84,10 +86,10 @@ def lr_lambda(warmup: int, total: int):
 
 
 def nll_loss(model: torch.nn.Module, episodes: Sequence[Episode], pack_tokens: int,
-             pad_token_id: int = 0) -> tuple[torch.Tensor, int]:
+             pad_token_id: int = 0, lowering: str | None = None) -> tuple[torch.Tensor, int]:
     """Mean negative log-likelihood of the action tokens of ``episodes`` (packed, state-aligned)."""
     batch = pack_episodes(episodes, pack_tokens, mode="aligned", pad_token_id=pad_token_id)
-    states = action_states(model, batch, apply_temperature=False)
+    states = action_states(model, batch, lowering=lowering, apply_temperature=False)
     logp, _, _ = token_logprobs(states, batch.action_ids)
     return -logp.mean(), batch.num_actions
 
@@ -113,7 +115,7 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
             order += fresh
         idx, order = order[:cfg.batch_episodes], order[cfg.batch_episodes:]
         t0 = time.perf_counter()
-        loss, n_tok = nll_loss(model, [episodes[i] for i in idx], cfg.pack_tokens, pad_token_id)
+        loss, n_tok = nll_loss(model, [episodes[i] for i in idx], cfg.pack_tokens, pad_token_id, cfg.attn)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"SFT loss is {loss.item()} at step {step}; lower --lr")
         opt.zero_grad(set_to_none=True)

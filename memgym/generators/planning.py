@@ -26,6 +26,9 @@ class PlacedFact:
     text: str
 
 
+PLAIN_DOC_TRIES = 20
+"""Draws of a plain document before one longer than half a chunk is accepted anyway."""
+
 MakeDocument = Callable[[int, Sequence[PlacedFact]], Document]
 
 
@@ -76,8 +79,14 @@ class PlannedDocuments:
             packer.add(u)
 
         def new_document(facts: Sequence[PlacedFact]) -> Document:
-            state["seed"] += 1
-            return self.make_document(state["seed"] - 1, facts)
+            # A plain document may become the next chunk's first one (the carry), so keep it at
+            # most half a chunk: then a fact document of up to half a chunk always fits beside it.
+            for _ in range(PLAIN_DOC_TRIES):
+                state["seed"] += 1
+                doc = self.make_document(state["seed"] - 1, facts)
+                if facts or measure(doc) <= self.chunk_size // 2:
+                    break
+            return doc
 
         packer.close()
         if carry is not None:  # it did not fit the previous chunk, so it opens this one
