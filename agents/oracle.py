@@ -1,0 +1,159 @@
+"""OracleAgent: a scripted agent that knows the sample's supporting facts (no model).
+
+Memory = the supporting-fact sentences seen so far, verbatim, in reading order, as many whole
+facts as the memory budget holds; answer = the first gold answer. It writes the same records as
+a model agent (MemAgent prompts, token ids from a tokenizer; response = the oracle text's ids +
+EOS, log-probs 0.0, ``meta["oracle"] = True``), so its episodes are gold trajectories for SFT and
+fixtures for tests.
+
+The oracle needs the sample behind each episode: pass the env's sample source (anything with
+``index_of(sample_id)`` and ``__getitem__``), a function ``(task_id, sample_id) -> Sample``, or
+use :meth:`OracleAgent.for_env`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable
+
+from agents.memagent import MemAgent
+from agents.policy import EpisodeState
+from agents.prompts import MEMAGENT_TEMPLATE, PromptTemplate
+from agents.records import Invocation
+
+SampleLookup = Callable[[str, str], Any]
+
+
+class OracleAgent(MemAgent):
+    """Scripted from supporting facts; records in the MemAgent format.
+
+    Args:
+        samples: the sample source of the env (``index_of`` + ``__getitem__``), or a function
+            ``(task_id, sample_id) -> Sample``.
+        tokenizer: tokenizer of the records (default: the ``tiny`` preset's). Make the env with
+            the same tokenizer so the memory budget is counted in its tokens.
+        template: prompt texts (default: MemAgent's, so the records train a MemAgent).
+    """
+
+    name = "oracle"
+
+    def __init__(self, samples: Any, tokenizer: Any = None, template: PromptTemplate = MEMAGENT_TEMPLATE,
+                 backend: Any = None) -> None:
+        if backend is not None:
+            raise ValueError("OracleAgent calls no model; pass tokenizer=..., not a backend")
+        if tokenizer is None:
+            tokenizer = default_tokenizer()
+        super().__init__(backend=None, tokenizer=tokenizer, template=template)
+        self.lookup = _as_lookup(samples)
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("OracleAgent needs a tokenizer with an EOS token (responses end with it)")
+        self.eos_id = int(eos)
+
+    @classmethod
+    def for_env(cls, env: Any, tokenizer: Any = None, **kwargs: Any) -> "OracleAgent":
+        """An oracle reading samples from ``env``'s own sample source (``env.unwrapped.source``)."""
+        source = getattr(env.unwrapped, "source", None)
+        if source is None:
+            raise ValueError(f"{type(env.unwrapped).__name__} exposes no sample source (.source); "
+                             "pass OracleAgent(samples=...) instead")
+        return cls(source, tokenizer=tokenizer, **kwargs)
+
+    def step(self, state: EpisodeState, obs: str, info: dict[str, Any]) -> str:
+        self.sync_memory(state, info)
+        if state.prefix_ids is None:
+            sample = self.lookup(str(info.get("task_id", "")), str(info["sample_id"]))
+            state.prefix_ids = self.prompts.prefix(info["question"])
+            state.extra["facts"] = supporting_texts(sample)
+            state.extra["answer"] = str(sample.answers[0])
+            state.extra["kept"] = []
+        phase = info.get("phase")
+        if phase == "memory":
+            kept: list[str] = state.extra["kept"]
+            for fact in state.extra["facts"]:
+                if fact not in kept and _contains(info["chunk"], fact):
+                    kept.append(fact)
+            text = self._fit(kept, info)
+            ids = self.prompts.encode_text(text)
+            prompt = self.prompts.build("memory", state.prefix_ids, memory=state.memory_ids,
+                                        chunk=self.prompts.encode_text(info["chunk"]))
+            self._record(state, prompt, ids, text, "memory", chunk_index=int(info["chunk_index"]))
+            state.pending_memory = ids
+            return text
+        if phase == "answer":
+            text = state.extra["answer"]
+            prompt = self.prompts.build("answer", state.prefix_ids, memory=state.memory_ids)
+            self._record(state, prompt, self.prompts.encode_text(text), text, "answer")
+            return text
+        raise ValueError(f"OracleAgent got phase {phase!r}; expected 'memory' or 'answer'")
+
+    def _fit(self, facts: list[str], info: dict[str, Any]) -> str:
+        """The longest run of whole facts (from the first) within the memory budget."""
+        budget = info.get("memory_budget")
+        text = ""
+        for fact in facts:
+            candidate = f"{text} {fact}" if text else fact
+            if budget is not None and self._size(candidate, info) > int(budget):
+                break
+            text = candidate
+        return text
+
+    def _size(self, text: str, info: dict[str, Any]) -> int:
+        if info.get("budget_unit") == "tokens":
+            return len(self.prompts.encode_text(text))
+        return len(text.split())
+
+    def _record(self, state: EpisodeState, prompt: Any, ids: list[int], text: str, role: str, **meta: Any) -> None:
+        response = list(ids) + [self.eos_id]
+        state.invocations.append(Invocation(
+            prompt_ids=prompt.ids,
+            response_ids=response,
+            logprobs=[0.0] * len(response),
+            position_ids=list(range(len(prompt.ids) + len(response))),
+            prefix_len=prompt.prefix_len,
+            role=role,
+            turn=len(state.invocations),
+            policy_version=0,
+            finish_reason="eos",
+            sampling={},
+            timing={"start": time.time(), "latency_s": 0.0},
+            response_text=text,
+            meta={"oracle": True, "episode_id": state.episode_id,
+                  "spans": {k: list(v) for k, v in prompt.spans.items()}, **meta},
+        ))
+
+
+def supporting_texts(sample: Any) -> list[str]:
+    """The supporting-fact sentences of a sample (``{"text": ...}`` entries or plain strings)."""
+    out = []
+    for i, fact in enumerate(sample.supporting_facts):
+        text = fact.get("text") if isinstance(fact, dict) else fact if isinstance(fact, str) else None
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"sample {sample.id!r}: supporting_facts[{i}] = {fact!r} has no sentence text; "
+                             "the oracle needs each supporting fact as a string or a {'text': ...} object")
+        out.append(text.strip())
+    if not out:
+        raise ValueError(f"sample {sample.id!r} has no supporting_facts; the oracle cannot script its memory")
+    return out
+
+
+def _contains(chunk: str, fact: str) -> bool:
+    """``fact`` occurs in ``chunk`` as whole words (``"al ice ."`` must not match ``"mal ice ."``)."""
+    return re.search(r"(?<!\w)" + re.escape(fact) + r"(?!\w)", chunk) is not None
+
+
+def _as_lookup(samples: Any) -> SampleLookup:
+    if callable(samples) and not hasattr(samples, "index_of"):
+        return samples
+    if hasattr(samples, "index_of") and hasattr(samples, "__getitem__"):
+        return lambda task_id, sample_id: samples[samples.index_of(sample_id)]
+    raise TypeError(f"samples must be a sample source (index_of + __getitem__) or a function "
+                    f"(task_id, sample_id) -> Sample, got {type(samples).__name__}")
+
+
+def default_tokenizer() -> Any:
+    """The ``tiny`` preset's tokenizer (built once and cached by :mod:`agents.models`)."""
+    from agents.models import load
+
+    return load("tiny")[1]

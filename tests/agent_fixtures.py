@@ -1,0 +1,69 @@
+"""Helpers shared by the agent tests: a tokenizer trained in process, episode checks."""
+
+from __future__ import annotations
+
+from agents.prompts import template_corpus
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def train_tokenizer(chat_template: str | None = CHATML, bos: bool = False):
+    """A byte-level BPE trained on a small corpus, in process (independent of the presets)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from memgym.generators.longqa import tokenizer_corpus
+
+    corpus = template_corpus() + list(tokenizer_corpus(n_samples=60))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 3)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token="<s>" if bos else None, chat_template=chat_template)
+
+
+def assert_memory_is_exact(episode, infos, tokenizer):
+    """Check every consecutive pair of calls of a recorded MemAgent episode; returns how many
+    memories were cut shorter than sampled."""
+    from agents.policy import strip_stop
+
+    invs = episode.invocations
+    prefix = invs[0].prompt_ids[:invs[0].prefix_len]
+    assert len(prefix) > 0
+    cuts = 0
+    for t, inv in enumerate(invs):
+        assert inv.prompt_ids[:inv.prefix_len] == prefix  # identical shared prefix in every call
+        start, end = inv.meta["spans"]["memory"]
+        memory = inv.prompt_ids[start:end]
+        if t == 0:
+            assert memory == []
+            continue
+        sampled = strip_stop(invs[t - 1])
+        info = infos[t]  # the info the agent read before call t
+        if info["memory_truncated"]:
+            # The env cut the text: keep the first memory_size sampled ids. (Its re-encoding of the
+            # text may have more tokens than were sampled; then every sampled id is kept.)
+            assert memory == sampled[: info["memory_size"]]
+            cuts += len(memory) < len(sampled)
+        else:
+            assert memory == sampled
+    return cuts
+
+
+def run_recorded_episode(env, agent, seed):
+    """An episode, keeping the info seen before each call (to check the env's cuts)."""
+    obs, info = env.reset(seed=seed)
+    infos = []
+    while True:
+        infos.append(info)
+        obs, reward, done, _, info = env.step(agent.act(obs, info))
+        if done:
+            return agent.end_episode(info, reward), infos
+
+
