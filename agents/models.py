@@ -15,6 +15,7 @@ Presets and converted gguf files are cached under :func:`cache_dir` (``$MEMOPD_C
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -159,13 +160,37 @@ def _finish(model: Any, tokenizer: Any, *, dtype: torch.dtype, device: str | tor
     return model, tokenizer
 
 
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _load_tokenizer(path: Path) -> Any:
+    """The tokenizer of a model directory, exactly as saved.
+
+    A generic fast tokenizer (``tokenizer_class`` TokenizersBackend / PreTrainedTokenizerFast,
+    as the presets save) is loaded as such: ``AutoTokenizer`` would map a qwen2/llama
+    ``config.json`` to that family's tokenizer class, which replaces the saved normalizer and
+    pre-tokenizer with the family's own and so changes the token ids.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_file = path / "tokenizer_config.json"
+    if cfg_file.is_file():
+        try:
+            cls = json.loads(cfg_file.read_text()).get("tokenizer_class")
+        except ValueError:
+            cls = None
+        if cls in GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
 def _load_dir(path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json; expected a transformers model directory")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = _load_tokenizer(path)
     except Exception as exc:  # noqa: BLE001 - re-raised with the path and a fix
         raise ModelLoadError(f"could not load the tokenizer from {path}: {exc}") from exc
     try:

@@ -31,7 +31,7 @@ CHATML_TEMPLATE = (
 TOKENIZER_VOCAB_SIZE = 2048
 """Target vocabulary size of the preset tokenizer (bytes + merges + special tokens)."""
 
-PRESET_FORMAT = 1
+PRESET_FORMAT = 2
 """Bump when the way presets are built changes, so stale caches are rebuilt."""
 
 
@@ -142,11 +142,15 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = TOKENIZER_VOCAB_SIZE
     Byte-level: any text (any Unicode) encodes without unknown tokens. EOS is ``<|im_end|>``
     (the end of a chat turn), padding is ``<|endoftext|>``; no BOS is added.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # One id per word wherever it stands: a word at a line start (a chunk's first fact, a memory's
+    # first word, an answer) is encoded like a word after a space. Without this, "kevin" and
+    # " kevin" are different tokens and a tiny model must learn two copies of every copy rule.
+    tok.normalizer = normalizers.Replace(Regex(r"\n(?=\S)"), "\n ")
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

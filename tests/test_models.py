@@ -70,17 +70,21 @@ def test_tokenizer_chatml_and_one_token_per_task_word(tiny):
     _, tok = tiny
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, return_dict=False)
-    assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    # words at a line start get the leading space of a mid-line word (see presets.build_tokenizer)
+    assert tok.decode(ids) == "<|im_start|> user\n hi<|im_end|> \n<|im_start|> assistant\n"
     from memgym.generators import longqa
 
-    # one token per task word, mid-line (" word") and at a line start (memory / answer start)
+    # one token per task word, and the SAME token mid-line, at a line start and at the start of a
+    # text (a memory's first word, an answer): copying a word is one rule for a tiny model
     for word in longqa.PERSONS + longqa.COMPANIES + longqa.CITIES + longqa.COUNTRIES + longqa.TITLES:
-        assert len(tok(" " + word, add_special_tokens=False)["input_ids"]) == 1, word
-        assert len(tok(word, add_special_tokens=False)["input_ids"]) == 1, word
-    # byte-level: any text encodes and decodes losslessly
-    text = "héllo 世界 ∑ <not special>"
-    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
+        mid = tok(" " + word, add_special_tokens=False)["input_ids"]
+        assert len(mid) == 1, word
+        assert tok(word, add_special_tokens=False)["input_ids"] == mid, word
+        assert tok("x .\n" + word, add_special_tokens=False)["input_ids"][-1:] == mid, word
+    # byte-level: any text encodes and decodes losslessly up to those inserted spaces
+    text = "héllo 世界 ∑ <not special>\nnext line"
+    assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == " héllo 世界 ∑ <not special>\n next line"
 
 
 def test_teacher_and_student_presets_share_the_vocabulary(cache, tiny):
