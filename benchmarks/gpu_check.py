@@ -1,0 +1,186 @@
+"""GPU check of the packed attention lowerings (FlexAttention, flash-attn varlen, blocks, dense sdpa).
+
+For tiny Qwen2 and Llama models with grouped-query attention and episodes with every packing
+hard case (shared prefixes, positions starting above 0 or continuing the previous block's,
+several episodes per row, an episode split across rows), each lowering's packed logits are
+compared with running every invocation alone with sdpa (max |logit diff| over all action tokens
+and the full vocabulary), and its gradient of the summed log-probs with the dense-mask sdpa
+gradient. A short timing section then compares actor forward + backward of padded batches with
+the packed lowerings on a MemAgent-like workload. Exits cleanly when CUDA, FlexAttention or
+flash-attn is missing (what is missing is skipped and said).
+
+    python benchmarks/gpu_check.py            # < 3 minutes on one GPU
+    python benchmarks/gpu_check.py --no-timing
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DEVICE = "cuda"
+
+
+def episodes(vocab: int, seed: int = 0):
+    from agents.records import Episode, Invocation
+
+    rng = random.Random(seed)
+    tok = lambda n: [rng.randrange(3, vocab) for _ in range(n)]  # noqa: E731
+    eps = []
+    for e in range(4):  # 4-7 calls with a shared prefix; episode 1's positions start at 7
+        q, pos0, memory, invs = tok(rng.randint(8, 40)), 7 if e == 1 else 0, [], []
+        for t in range(rng.randint(4, 7)):
+            prompt = q + [1] + memory + [2] + tok(rng.randint(5, 60))
+            resp = tok(rng.randint(2, 20))
+            invs.append(Invocation(prompt_ids=prompt, response_ids=resp, logprobs=[-1.0] * len(resp),
+                                   position_ids=list(range(pos0, pos0 + len(prompt) + len(resp))),
+                                   prefix_len=len(q), turn=t))
+            memory = resp
+        eps.append(Episode(episode_id=str(e), task_id="gpu", sample_id=str(e), invocations=invs))
+    for e, (n, pos0) in enumerate(((30, 0), (25, 34))):  # no prefix; positions 34.. continue 0..33
+        ids = tok(n + 4)
+        eps.append(Episode(episode_id=f"s{e}", task_id="gpu", sample_id="s", invocations=[Invocation(
+            prompt_ids=ids[:n], response_ids=ids[n:], logprobs=[-1.0] * 4,
+            position_ids=list(range(pos0, pos0 + n + 4)), prefix_len=0)]))
+    return eps
+
+
+def tiny(arch: str, vocab: int = 256):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    kw = dict(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.1,
+              attn_implementation="sdpa")
+    cls, cfg = (Qwen2ForCausalLM, Qwen2Config) if arch == "qwen2" else (LlamaForCausalLM, LlamaConfig)
+    return cls(cfg(**kw)).to(DEVICE).eval()
+
+
+def check(lowerings: list[str]) -> bool:
+    from memopd.attention import packed_hidden_states
+    from memopd.audit import alone_hidden_states
+    from memopd.packing import pack_episodes
+    from memopd.scoring import action_states, token_logprobs
+
+    eps = episodes(256)
+    batch = pack_episodes(eps, 160)
+    rows_of = {}
+    for r, segs in enumerate(batch.segments):
+        for s in segs:
+            rows_of.setdefault(s.episode, set()).add(r)
+    print(f"batch: {batch.num_rows} rows x {batch.row_len}, {batch.num_actions} action tokens, "
+          f"split episodes {sum(len(v) > 1 for v in rows_of.values())}, "
+          f"max episodes per row {max(len({s.episode for s in segs}) for segs in batch.segments)}")
+    tol = {torch.float32: 1e-4, torch.bfloat16: 1e-1}
+    ok = True
+    print(f"\n{'model':<6} {'dtype':<8} {'lowering':<8} {'max|dlogit| vs alone':>21} {'tol':>6} "
+          f"{'grad diff vs sdpa':>19}  verdict")
+    for arch in ("qwen2", "llama"):
+        model = tiny(arch)
+        for dtype in (torch.float32, torch.bfloat16):
+            model = model.to(dtype)
+            head = model.get_output_embeddings()
+            with torch.no_grad():
+                ref = head(alone_hidden_states(model, eps, "sdpa")).float()
+            grads = {}
+            for low in ["sdpa"] + lowerings:
+                if low == "flash" and dtype == torch.float32:
+                    continue  # flash-attn kernels take fp16/bf16 only
+                try:
+                    with torch.no_grad():
+                        diff = (head(packed_hidden_states(model, batch, low)).float() - ref).abs().max().item()
+                    model.zero_grad(set_to_none=True)
+                    lp, _, _ = token_logprobs(action_states(model, batch, lowering=low), batch.action_ids.to(DEVICE))
+                    lp.float().sum().backward()
+                    grads[low] = torch.cat([p.grad.float().flatten() for p in model.parameters()])
+                except Exception as exc:  # report and go on: this is a diagnostic
+                    print(f"{arch:<6} {str(dtype)[6:]:<8} {low:<8} ERROR {type(exc).__name__}: {exc}"[:300])
+                    ok = False
+                    continue
+                g_ref = grads.get("sdpa")
+                gdiff = ((grads[low] - g_ref).abs().max() / g_ref.abs().max()).item() if g_ref is not None \
+                    else float("nan")
+                passed = diff <= tol[dtype]
+                ok &= passed
+                print(f"{arch:<6} {str(dtype)[6:]:<8} {low:<8} {diff:>21.3e} {tol[dtype]:>6.0e} {gdiff:>19.3e}  "
+                      f"{'PASS' if passed else 'FAIL'}")
+    return ok
+
+
+def timing(lowerings: list[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from packing import Workload, make_episodes, packed_step, padded_step, small_model  # benchmarks/packing.py
+
+    from memopd.packing import pack_episodes
+
+    w = Workload(episodes=8, calls=8)
+    eps = make_episodes(w)
+    model = small_model(w.vocab, 512, 4).to(DEVICE, torch.bfloat16)
+    shared, private = pack_episodes(eps, 16384), pack_episodes(eps, 16384, share_prefix=False)
+    layouts = {"(a) padded per call": lambda: padded_step(model, eps, 8)}
+    for low in lowerings:
+        layouts[f"(b) packed, prefix per call, {low}"] = lambda low=low: packed_step(model, private, low)
+        layouts[f"(c) packed, shared prefix, {low}"] = lambda low=low: packed_step(model, shared, low)
+
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    print(f"\ntiming: Qwen2 hidden 512, 4 layers, bf16; {len(eps)} episodes x 9 calls; fwd+bwd, best of 3")
+    base = None
+    for name, fn in layouts.items():
+        try:
+            run(fn)  # warm-up / compile
+            sec = min(run(fn) for _ in range(3))
+        except Exception as exc:
+            print(f"  {name:<40} ERROR {type(exc).__name__}: {exc}"[:300])
+            continue
+        base = base or sec
+        print(f"  {name:<40} {sec * 1000:>8.1f} ms  speedup vs (a) {base / sec:>5.2f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="run the checks on CPU (sdpa and blocks only)")
+    args = ap.parse_args()
+    if args.cpu_dry_run:
+        global DEVICE
+        DEVICE = "cpu"
+        ok = check(["blocks"])
+        print("dry run:", "ok" if ok else "FAILED")
+        return 0 if ok else 1
+    if not torch.cuda.is_available():
+        print("gpu_check: CUDA is not available; nothing to check (the CPU lowerings are tested by pytest)")
+        return 0
+    from memopd.attention import flash_available, flex_available
+
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    lowerings = ["blocks"]
+    for name, available, why in (("flex", flex_available(), "FlexAttention is not in this torch build"),
+                                 ("flash", flash_available(), "flash-attn is not installed (pip install flash-attn)")):
+        if available:
+            lowerings.append(name)
+        else:
+            print(f"skipping {name}: {why}")
+    t0 = time.perf_counter()
+    ok = check(lowerings)
+    if not args.no_timing:
+        timing(lowerings)
+    print(f"\n{'all lowerings agree' if ok else 'SOME LOWERINGS FAILED'} ({time.perf_counter() - t0:.0f} s)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
