@@ -141,11 +141,14 @@ def aligned_units(episodes: Sequence[Episode | Sequence[Invocation]], *, share_p
 
 
 def observation_ids(inv: Invocation) -> tuple[list[int], list[int]]:
-    """The private prompt of a call minus the memory it received (``meta["memory_span"]``,
-    prompt-relative ``[start, end)``), as (ids, original prompt indices)."""
+    """The private prompt of a call minus the memory it received (``meta["memory_span"]``, else
+    the agents' ``meta["spans"]["memory"]``; prompt-relative ``[start, end)``), as (ids, original
+    prompt indices)."""
     p = inv.prefix_len
     keep = list(range(p, inv.prompt_len))
-    span = inv.meta.get("memory_span") if inv.meta else None
+    meta = inv.meta or {}
+    # agents record every prompt segment in meta["spans"]; "memory_span" is the explicit override
+    span = meta.get("memory_span") or (meta.get("spans") or {}).get("memory")
     if span is not None:
         s, t = int(span[0]), int(span[1])
         if not p <= s <= t <= inv.prompt_len:

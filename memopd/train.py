@@ -65,12 +65,12 @@ class TrainConfig:
     # run
     run_dir: str | None = field(None, help="run directory (default runs/train/<env>-<time>)")
     resume: str | None = field(None, help="resume the run in this directory from its last checkpoint")
-    steps: int = field(40, help="training steps (one rollout batch each)", range=(1, None))
+    steps: int = field(30, help="training steps (one rollout batch each)", range=(1, None))
     seed: int = field(0, help="random seed (rollouts, sampling, init)")
     threads: int | None = field(None, help="torch CPU threads (default: torch's choice)")
     device: str = field("cpu", help="torch device")
     # rollout
-    questions_per_step: int = field(16, help="questions per step (B)", range=(1, None))
+    questions_per_step: int = field(8, help="questions per step (B)", range=(1, None))
     group_size: int = field(4, help="samples per question (G)", range=(1, None))
     rollout_envs: int = field(64, help="environments stepped in lockstep (model calls batched across them)",
                               range=(1, None))
@@ -126,7 +126,8 @@ class TrainConfig:
 # Models
 # ------------------------------------------------------------------------------------------------
 
-TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 2000, "steps": 400, "batch_episodes": 32, "lr": 3e-3}
+# The auto teacher: sized so that building it fits the embedded default's 15-minute budget on 2 CPU cores.
+TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 150, "batch_episodes": 16, "lr": 3e-3}
 
 
 def default_teacher_dir(cfg: TrainConfig) -> Path:
