@@ -40,6 +40,7 @@ from agents.records import ROLES, Episode, save_episodes
 from memopd import checkpoint, losses
 from memopd import config as cfgmod
 from memopd.config import field
+from memopd.audit import fitting_budget
 from memopd.packing import PackedBatch, pack_episodes
 from memopd.runlog import RunLogger, plot_curves, read_metrics
 from memopd.scoring import ActionStates, action_states, token_logprobs
@@ -392,8 +393,9 @@ class Trainer:
         if self.teacher is not None:
             with torch.no_grad():
                 tb = batch if cfg.teacher_context == "aligned" else pack_episodes(
-                    episodes, cfg.pack_tokens, mode="persistent", teacher_roles=teacher_roles,
-                    pad_token_id=_pad_id(self.tokenizer))
+                    # a flattened transcript cannot be split across rows: widen rows to fit it
+                    episodes, fitting_budget(episodes, "persistent", cfg.pack_tokens), mode="persistent",
+                    teacher_roles=teacher_roles, pad_token_id=_pad_id(self.tokenizer))
                 teacher_states = action_states(self.teacher, tb, lowering=cfg.attn)
                 teacher_states = ActionStates(teacher_states.hidden.detach(), teacher_states.head,
                                               teacher_states.temperatures, teacher_states.softcap,

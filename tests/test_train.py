@@ -42,6 +42,17 @@ def test_training_steps_write_a_complete_run_dir(tmp_path):
     assert set(summary) >= {"eval_before", "eval_after"}
 
 
+def test_gae_critic_persistent_teacher_and_reference_penalty_run(tmp_path):
+    cfg = _cfg(tmp_path / "run", "--steps", "2", "--advantage", "gae", "--teacher-context", "persistent",
+               "--ref-beta", "0.1", "--teacher-mask", "memory", "--opd-divergence", "jsd")
+    trainer = train.Trainer(cfg, log=lambda m: None)
+    trainer.fit()
+    rows = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert len(rows) == 2 and all(r["value_loss"] >= 0 for r in rows)
+    assert all(r["kl/answer"] is None and r["kl/memory"] >= 0 for r in rows)  # answers unsupervised: no KL
+    assert {"student", "critic", "ref"} <= set(trainer.modules())
+
+
 def _run_cli(args, env):
     return subprocess.Popen([sys.executable, "-m", "memopd.train", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
