@@ -8,7 +8,7 @@ their sum.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -124,37 +124,6 @@ def divergence_from_logprobs(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: s
     raise ValueError(f"unknown divergence {kind!r}; choose one of {DIVERGENCES}")
 
 
-def _chunk_divergence(h_s: torch.Tensor, h_t: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor,
-                      temperature: float, kind: str) -> torch.Tensor:
-    logp_s = F.log_softmax((h_s @ w_s.T).float() / temperature, dim=-1)
-    logp_t = F.log_softmax((h_t @ w_t.T).float() / temperature, dim=-1)
-    return divergence_from_logprobs(logp_s, logp_t, kind)
-
-
-def divergence_from_hidden(h_s: torch.Tensor, head_s: torch.Tensor, h_t: torch.Tensor,
-                           head_t: torch.Tensor, kind: str = "rkl", temperature: float = 1.0,
-                           chunk_size: int = 1024) -> torch.Tensor:
-    """Full-vocabulary divergence at action tokens from gathered final hidden states.
-
-    h_s: [n, H_s] student hidden states (with grad), head_s: [V, H_s] student output head;
-    h_t: [n, H_t] teacher hidden states (no grad), head_t: [V, H_t]. Returns [n].
-    Projects ``chunk_size`` rows at a time and recomputes each chunk in backward
-    (activation checkpointing), so peak memory is O(chunk_size * V), not O(n * V).
-    """
-    if head_s.shape[0] != head_t.shape[0]:
-        raise ValueError(f"student and teacher vocabularies differ ({head_s.shape[0]} vs {head_t.shape[0]} "
-                         "output rows); full-vocabulary distillation needs the same tokenizer")
-    fn: Callable = _chunk_divergence
-    out = []
-    for start in range(0, h_s.shape[0], chunk_size):
-        hs, ht = h_s[start:start + chunk_size], h_t[start:start + chunk_size]
-        if torch.is_grad_enabled() and (hs.requires_grad or head_s.requires_grad):
-            out.append(checkpoint(fn, hs, ht, head_s, head_t, temperature, kind, use_reentrant=False))
-        else:
-            out.append(fn(hs, ht, head_s, head_t, temperature, kind))
-    return torch.cat(out) if out else h_s.new_zeros(0)
-
-
 def divergence_from_states(student: Any, teacher: Any, kind: str = "rkl", chunk_size: int = 1024) -> torch.Tensor:
     """Full-vocabulary divergence per action token from two ``memopd.scoring.ActionStates``
     (hidden states gathered at the same N action positions, plus each model's head, temperature
@@ -164,10 +133,12 @@ def divergence_from_states(student: Any, teacher: Any, kind: str = "rkl", chunk_
         raise ValueError(f"student has {len(student)} action states, teacher {len(teacher)}; "
                          "score the same episodes (teacher.select(batch.action_uid) for minibatches)")
 
+    t_device = next(teacher.head.parameters()).device  # the teacher may live on another device
+
     def fn(hs: torch.Tensor, ts: torch.Tensor, ht: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
         logp_s = F.log_softmax(student.logits(hs, ts), dim=-1)
         with torch.no_grad():
-            logp_t = F.log_softmax(teacher.logits(ht, tt), dim=-1).to(logp_s.device)
+            logp_t = F.log_softmax(teacher.logits(ht.to(t_device), tt.to(t_device)), dim=-1).to(logp_s.device)
         if logp_t.shape[-1] != logp_s.shape[-1]:
             raise ValueError(f"student and teacher vocabularies differ ({logp_s.shape[-1]} vs {logp_t.shape[-1]} "
                              "logits); full-vocabulary distillation needs the same tokenizer")

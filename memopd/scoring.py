@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agents.records import ROLES, Episode, Invocation
 from memopd.attention import packed_hidden_states
+from memopd.losses import divergence_from_states
 from memopd.packing import PackedBatch, pack_episodes
 
 
@@ -109,26 +110,9 @@ def token_logprobs(states: ActionStates, targets: torch.Tensor, *, chunk_size: i
 
 def reverse_kl(student: ActionStates, teacher: ActionStates, *, chunk_size: int = 1024) -> torch.Tensor:
     """[N] full-vocabulary KL(p_student || p_teacher) per action token, in chunks; differentiable
-    with respect to the student (the teacher is detached)."""
-    if len(student) != len(teacher):
-        raise ValueError(f"student has {len(student)} action states, teacher {len(teacher)}; "
-                         "score the same episodes (use teacher.select(batch.action_uid) for micro-batches)")
-    t_hidden = teacher.hidden.detach().to(student.hidden.device)
-    t_temps = teacher.temperatures.to(student.hidden.device)
-
-    def chunk(hs: torch.Tensor, ts: torch.Tensor, ht: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
-        logp_s = F.log_softmax(student.logits(hs, ts), dim=-1)
-        with torch.no_grad():
-            logp_t = F.log_softmax(teacher.logits(ht.to(next(teacher.head.parameters()).device), tt), dim=-1)
-        logp_t = logp_t.to(logp_s.device)
-        if logp_t.shape[-1] != logp_s.shape[-1]:
-            raise ValueError(f"vocab mismatch: student {logp_s.shape[-1]} vs teacher {logp_t.shape[-1]}; "
-                             "set vocab_size on both ActionStates to the shared tokenizer size")
-        return (logp_s.exp() * (logp_s - logp_t)).sum(-1)
-
-    out = [_maybe_checkpoint(chunk, student.hidden[sl], student.temperatures[sl], t_hidden[sl], t_temps[sl])
-           for sl in _chunks(len(student), chunk_size)]
-    return torch.cat(out) if out else student.hidden.new_zeros(0)
+    with respect to the student (the teacher is detached). See
+    :func:`memopd.losses.divergence_from_states` for the other divergences."""
+    return divergence_from_states(student, teacher, "rkl", chunk_size)
 
 
 @dataclass

@@ -95,25 +95,51 @@ def test_divergence_zero_for_identical_distributions():
         assert d.abs().max().item() < 1e-6
 
 
-def test_chunked_hidden_divergence_equals_unchunked_with_gradients():
+class _States:
+    """What divergence_from_states reads of memopd.scoring.ActionStates: hidden states at the
+    action positions, the output head, temperatures, and logits()."""
+
+    def __init__(self, hidden, head, temperature):
+        self.hidden, self.head = hidden, head
+        self.temperatures = torch.full((hidden.shape[0],), temperature)
+
+    def __len__(self):
+        return self.hidden.shape[0]
+
+    def logits(self, h, t):
+        return self.head(h) / t[:, None]
+
+
+@pytest.mark.parametrize("kind", ["rkl", "fkl", "jsd"])
+def test_chunked_divergence_equals_unchunked_with_gradients(kind):
     torch.manual_seed(2)
     n, hs, ht, V = 13, 8, 12, 50
     h_s = torch.randn(n, hs, requires_grad=True)
-    w_s = torch.randn(V, hs, requires_grad=True)
-    h_t, w_t = torch.randn(n, ht), torch.randn(V, ht)
-    chunked = losses.divergence_from_hidden(h_s, w_s, h_t, w_t, "rkl", temperature=0.7, chunk_size=4)
-    g_chunk = torch.autograd.grad(chunked.sum(), [h_s, w_s])
-    # independent: full projection then torch.distributions
-    full = kl_divergence(Categorical(logits=h_s @ w_s.T / 0.7), Categorical(logits=h_t @ w_t.T / 0.7))
-    g_full = torch.autograd.grad(full.sum(), [h_s, w_s])
+    head_s, head_t = torch.nn.Linear(hs, V, bias=False), torch.nn.Linear(ht, V, bias=False)
+    h_t = torch.randn(n, ht)
+    chunked = losses.divergence_from_states(_States(h_s, head_s, 0.7), _States(h_t, head_t, 0.7), kind, chunk_size=4)
+    g_chunk = torch.autograd.grad(chunked.sum(), [h_s, head_s.weight])
+    # independent: full projection, then torch.distributions
+    ps, pt = Categorical(logits=head_s(h_s) / 0.7), Categorical(logits=head_t(h_t) / 0.7)
+    if kind == "rkl":
+        full = kl_divergence(ps, pt)
+    elif kind == "fkl":
+        full = kl_divergence(pt, ps)
+    else:
+        m = Categorical(probs=0.5 * (ps.probs + pt.probs))
+        full = 0.5 * (kl_divergence(ps, m) + kl_divergence(pt, m))
+    g_full = torch.autograd.grad(full.sum(), [h_s, head_s.weight])
     assert torch.allclose(chunked, full, atol=1e-5)
     for a, b in zip(g_chunk, g_full):
         assert torch.allclose(a, b, atol=1e-4)
+    assert head_t.weight.grad is None  # the teacher is never trained
 
 
 def test_vocab_mismatch_refused():
+    a = _States(torch.randn(2, 4), torch.nn.Linear(4, 10), 1.0)
+    b = _States(torch.randn(2, 4), torch.nn.Linear(4, 11), 1.0)
     with pytest.raises(ValueError, match="vocabularies differ"):
-        losses.divergence_from_hidden(torch.randn(2, 4), torch.randn(10, 4), torch.randn(2, 4), torch.randn(11, 4))
+        losses.divergence_from_states(a, b)
 
 
 def test_entropy_from_logits():
