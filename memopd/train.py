@@ -362,6 +362,7 @@ class Trainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         episodes = self.roller.rollout(self.step)
+        self.last_episodes = episodes
         t_roll = time.perf_counter() - t0
 
         # advantages ----------------------------------------------------------------------------
@@ -554,10 +555,11 @@ class Trainer:
         return summary
 
     def _audit(self) -> float:
+        """RCE audit on a few of this step's episodes: packed vs each invocation alone (max |logit diff|)."""
         from memopd.audit import audit_episodes
 
-        eps = self.roller.rollout(self.step)[:4]
-        return float(audit_episodes(self.student, eps)["aligned"]["max_abs_diff"])
+        eps = self.last_episodes[:4]
+        return float(audit_episodes(self.student, eps, modes=("aligned",), lowering=self.cfg.attn)["aligned"]["max_abs_diff"])
 
 
 def _mean(xs: Sequence[float]) -> float:

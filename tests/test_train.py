@@ -27,7 +27,7 @@ def _cfg(tmp_path, *extra):
 
 
 def test_training_steps_write_a_complete_run_dir(tmp_path):
-    cfg = _cfg(tmp_path / "run", "--steps", "2", "--save-every", "1")
+    cfg = _cfg(tmp_path / "run", "--steps", "2", "--save-every", "1", "--audit-every", "2")
     summary = train.Trainer(cfg, log=lambda m: None).fit()
     run = tmp_path / "run"
     rows = read_metrics(run)
@@ -36,6 +36,7 @@ def test_training_steps_write_a_complete_run_dir(tmp_path):
     for r in steps:
         assert r["packing_efficiency"] > 0.5 and r["action_tokens"] > 0
         assert r["kl/all"] >= 0 and r["entropy"] > 0
+    assert "audit/max_logit_diff" not in steps[0] and steps[1]["audit/max_logit_diff"] < 1e-4  # RCE holds
     assert (run / "config.toml").is_file() and (run / "curves.png").stat().st_size > 1000
     assert sorted(p.name for p in (run / "episodes").iterdir()) == ["step-000001.jsonl", "step-000002.jsonl"]
     assert checkpoint.list_checkpoints(run)[0].name == "step-000002"
