@@ -14,26 +14,6 @@ from agents.backends.hf import filter_logits
 from agents.records import Episode, Invocation
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models run faster on one thread, and CI cores are shared; restore afterwards.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    # One cache per test session (shared by the test files): each preset is built once.
-    return tmp_path_factory.getbasetemp() / "memopd-cache"
-
-
-@pytest.fixture(scope="module")
-def tiny(cache):
-    return models.load("tiny", cache_dir=cache)
-
-
 def rescore(model, inv: Invocation, temperature: float = 1.0) -> torch.Tensor:
     """Independent check: one forward pass over prompt + response, no cache, no padding, the
     recorded positions; log-probs of the response tokens under softmax(logits / T)."""

@@ -13,25 +13,6 @@ from agents.backends import GenerationRequest, HFBackend, SamplingParams
 from agents.models import ModelLoadError, check_same_vocab
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    # One cache per test session (shared by the test files): each preset is built once.
-    return tmp_path_factory.getbasetemp() / "memopd-cache"
-
-
-@pytest.fixture(scope="module")
-def tiny(cache):
-    return models.load("tiny", cache_dir=cache)
-
-
 def state_equal(a, b) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
