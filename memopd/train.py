@@ -305,7 +305,10 @@ class Trainer:
             self.teacher, self.teacher_tok = load(ensure_teacher(cfg, log), device=cfg.device)
             check_same_vocab(self.teacher_tok, self.tokenizer)
             self.teacher.eval().requires_grad_(False)
-        self.fresh_student = cfg.student_warmup_steps > 0 and cfg.model.startswith("tiny") and not cfg.resume
+        from agents.presets import TINY_PRESETS
+
+        # a randomly initialised preset learns the output format first; a real model starts as is
+        self.fresh_student = cfg.student_warmup_steps > 0 and cfg.model in TINY_PRESETS and not cfg.resume
         self.ref = None
         self.critic = Critic(self.student) if cfg.advantage == "gae" else None
         self.roller = Roller(cfg, self.student, self.tokenizer)
