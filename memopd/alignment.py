@@ -23,7 +23,7 @@ import torch
 
 from agents.records import Episode, Invocation
 from memopd.attention import LOWERINGS
-from memopd.audit import DTYPES, fitting_budget
+from memopd.audit import DTYPES, fitting_budget, load_cli_inputs
 from memopd.contexts import MODES, episode_invocations
 from memopd.packing import pack_episodes
 from memopd.scoring import score
@@ -106,19 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    from agents.models import load
-    from agents.records import load_episodes
-
-    report_in = load_episodes(args.episodes)
-    for line, msg in report_in.errors:
-        print(f"{args.episodes}:{line}: skipped: {msg}", file=sys.stderr)
-    episodes = report_in.episodes[: args.max_episodes] if args.max_episodes else report_in.episodes
-    if not episodes:
-        print(f"error: no readable episodes in {args.episodes}", file=sys.stderr)
+    loaded = load_cli_inputs(args)
+    if loaded is None:
         return 2
-    model, _ = load(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    model, episodes = loaded
     rep = state_alignment(model, episodes, lowering=args.attn, tolerance=args.tolerance)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2))

@@ -180,6 +180,25 @@ def format_results(results: dict[str, AuditResult]) -> str:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def load_cli_inputs(args: argparse.Namespace) -> tuple[torch.nn.Module, list[Episode]] | None:
+    """Shared by the audit and alignment CLIs: set threads, read the episodes (reporting bad lines)
+    and load the model. None (after printing why) when no episode is readable."""
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    from agents.models import load  # lazy: loading pulls tokenizers/presets only for the CLI
+    from agents.records import load_episodes
+
+    report = load_episodes(args.episodes)
+    for line, msg in report.errors:
+        print(f"{args.episodes}:{line}: skipped: {msg}", file=sys.stderr)
+    episodes = report.episodes[: args.max_episodes] if args.max_episodes else report.episodes
+    if not episodes:
+        print(f"error: no readable episodes in {args.episodes}", file=sys.stderr)
+        return None
+    model, _ = load(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    return model, episodes
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m memopd.audit", description=__doc__.split("\n\n")[0])
     ap.add_argument("episodes", help="episodes JSONL (e.g. written by the eval CLI)")
@@ -198,19 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print results as JSON")
     args = ap.parse_args(argv)
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    from agents.models import load  # lazy: loading pulls tokenizers/presets only for the CLI
-    from agents.records import load_episodes
-
-    report = load_episodes(args.episodes)
-    for line, msg in report.errors:
-        print(f"{args.episodes}:{line}: skipped: {msg}", file=sys.stderr)
-    episodes = report.episodes[: args.max_episodes] if args.max_episodes else report.episodes
-    if not episodes:
-        print(f"error: no readable episodes in {args.episodes}", file=sys.stderr)
+    loaded = load_cli_inputs(args)
+    if loaded is None:
         return 2
-    model, _ = load(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    model, episodes = loaded
     modes = ("aligned", "persistent") if args.mode == "both" else (args.mode,)
     results = rce_audit(model, episodes, modes=modes, lowering=args.attn, max_tokens=args.max_tokens,
                         tolerance=args.tolerance)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agents.backends.hf import HFBackend
 from agents.prompts import template_corpus
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -67,3 +68,15 @@ def run_recorded_episode(env, agent, seed):
             return agent.end_episode(info, reward), infos
 
 
+
+
+class CountingBackend(HFBackend):
+    """The real HF backend, counting its generate calls and batch sizes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches: list[int] = []
+
+    def generate(self, requests, sampling):
+        self.batches.append(len(requests))
+        return super().generate(requests, sampling)

@@ -6,7 +6,7 @@ import gymnasium as gym
 import pytest
 
 import memgym  # noqa: F401  (registers the envs)
-from agent_fixtures import assert_memory_is_exact, run_recorded_episode
+from agent_fixtures import CountingBackend, assert_memory_is_exact, run_recorded_episode
 from agents.backends.base import SamplingParams
 from agents.backends.hf import HFBackend
 from agents.baselines import FullContextAgent, RAGAgent, bm25_rank
@@ -37,18 +37,6 @@ def backend(tiny):
 
 def make_env(tokenizer, **kwargs):
     return gym.make("memgym/LongQA-v0", split="test", tokenizer=tokenizer, **kwargs)
-
-
-class CountingBackend(HFBackend):
-    """The real HF backend, counting its generate calls and batch sizes."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.batches: list[int] = []
-
-    def generate(self, requests, sampling):
-        self.batches.append(len(requests))
-        return super().generate(requests, sampling)
 
 
 # ------------------------------------------------------------------------------------------ MemAgent

@@ -7,7 +7,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import memgym  # noqa: F401  (registers the envs)
-from agent_fixtures import train_tokenizer
+from agent_fixtures import CountingBackend, train_tokenizer
 from agents.backends.base import SamplingParams
 from agents.backends.hf import HFBackend
 from agents.memagent import MemAgent
@@ -98,16 +98,6 @@ def test_info_at_unbatches_vector_infos():
     assert info_at(infos, 0) == {"a": 1, "m": {"f1": 0.5}}
     assert info_at(infos, 1) == {"m": {"f1": 1.0}}
     assert type(info_at(infos, 0)["a"]) is int
-
-
-class CountingBackend(HFBackend):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.batches: list[int] = []
-
-    def generate(self, requests, sampling):
-        self.batches.append(len(requests))
-        return super().generate(requests, sampling)
 
 
 def test_model_calls_of_all_envs_are_batched_per_step():
