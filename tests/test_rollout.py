@@ -9,7 +9,6 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import memgym  # noqa: F401  (registers the envs)
 from agent_fixtures import CountingBackend, train_tokenizer
 from agents.backends.base import SamplingParams
-from agents.backends.hf import HFBackend
 from agents.memagent import MemAgent
 from agents.models import load
 from agents.oracle import OracleAgent
