@@ -31,7 +31,7 @@ CHATML_TEMPLATE = (
 TOKENIZER_VOCAB_SIZE = 2048
 """Target vocabulary size of the preset tokenizer (bytes + merges + special tokens)."""
 
-PRESET_FORMAT = 3
+PRESET_FORMAT = 4
 """Bump when the way presets are built changes, so stale caches are rebuilt."""
 
 
@@ -80,11 +80,11 @@ class Preset:
 TINY_PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("tiny", "student: Qwen2-style, hidden 128, 2 layers, 4 heads / 2 KV heads (0.66M params)",
+        Preset("tiny", "student: Qwen2-style, hidden 128, 2 layers, 4 heads / 2 KV heads (0.62M params)",
                "qwen2", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, seed=0),
-        Preset("tiny-teacher", "teacher: Qwen2-style, hidden 256, 4 layers, 4 heads / 2 KV heads (~3.7M params)",
-               "qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        Preset("tiny-teacher", "teacher: Qwen2-style, hidden 192, 2 layers, 4 heads / 2 KV heads (1.2M params)",
+               "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, seed=1),
         Preset("tiny-llama", "Llama-style variant of tiny (tests other architectures)",
                "llama", hidden_size=128, intermediate_size=384, num_hidden_layers=2,

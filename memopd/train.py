@@ -50,6 +50,12 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. too many non-finite losses in a row); the message says why."""
 
 
+TINY_LR = 2e-3
+"""Default learning rate of a tiny-preset student: it must learn to copy within the default run."""
+MODEL_LR = 1e-6
+"""Default learning rate of any other (pretrained) student."""
+
+
 @dataclass
 class TrainConfig:
     """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``."""
@@ -60,13 +66,13 @@ class TrainConfig:
     model: str = field("tiny", help="student: preset (tiny), local dir, hub id or .gguf")
     teacher: str = field("auto", help="teacher spec; 'auto' = the tiny-teacher preset fine-tuned on oracle "
                                       "trajectories of --env (built and cached on first use)")
-    student_warmup_steps: int = field(60, help="SFT steps on oracle trajectories before RL when --model is a "
+    student_warmup_steps: int = field(100, help="SFT steps on oracle trajectories before RL when --model is a "
                                                "tiny preset (learns the output format; 0 = start from --model as is)",
                                       range=(0, None))
     # run
     run_dir: str | None = field(None, help="run directory (default runs/train/<env>-<time>)")
     resume: str | None = field(None, help="resume the run in this directory from its last checkpoint")
-    steps: int = field(30, help="training steps (one rollout batch each)", range=(1, None))
+    steps: int = field(80, help="training steps (one rollout batch each)", range=(1, None))
     seed: int = field(0, help="random seed (rollouts, sampling, init)")
     threads: int | None = field(None, help="torch CPU threads (default: torch's choice)")
     device: str = field("cpu", help="torch device")
@@ -81,7 +87,9 @@ class TrainConfig:
     reward: str = field("f1", help="task reward; 'none' = OPD only", choices=("f1", "em", "sub_em", "none"))
     advantage: str = field("grpo", help="advantage estimator", choices=("grpo", "gae"))
     opd_coef: float = field(1.0, help="lambda: weight of the distillation term (0 = PPO only)", range=(0.0, None))
-    opd_divergence: str = field("rkl", help="distillation divergence", choices=losses.DIVERGENCES)
+    opd_divergence: str = field("auto", help="distillation divergence: rkl = KL(student || teacher) (MemOPD's), "
+                                             "fkl, jsd; auto = fkl for a tiny-preset student learnt from scratch, "
+                                             "rkl for any other model", choices=("auto", *losses.DIVERGENCES))
     teacher_context: str = field("aligned", help="teacher scoring context: aligned (MemOPD) or persistent "
                                                  "(flattened history, the control)", choices=("aligned", "persistent"))
     teacher_mask: str = field("both", help="which action tokens the teacher supervises",
@@ -94,9 +102,11 @@ class TrainConfig:
     lam: float = field(1.0, help="GAE lambda", range=(0.0, 1.0))
     vf_coef: float = field(0.5, help="value loss weight (GAE critic)", range=(0.0, None))
     # optimisation
-    ppo_epochs: int = field(1, help="passes over each rollout batch", range=(1, None))
-    minibatches: int = field(2, help="minibatches per epoch (split by packed rows)", range=(1, None))
-    lr: float = field(5e-4, help="peak learning rate (AdamW)", range=(0.0, 1.0))
+    ppo_epochs: int = field(4, help="passes over each rollout batch", range=(1, None))
+    minibatches: int = field(1, help="minibatches per epoch (split by packed rows; raise it for big models)",
+                             range=(1, None))
+    lr: float | None = field(None, help=f"peak learning rate (AdamW); default {TINY_LR} for a tiny-preset "
+                                        f"student, {MODEL_LR} for any other model", range=(0.0, 1.0))
     critic_lr: float = field(1e-3, help="critic learning rate (GAE)", range=(0.0, 1.0))
     lr_schedule: str = field("constant", help="learning-rate schedule after warm-up",
                              choices=("constant", "cosine", "linear"))
@@ -108,7 +118,7 @@ class TrainConfig:
     attn: str | None = field(None, help="attention lowering: sdpa, eager (CPU) or flex, flash (GPU); "
                                         "default by device", choices=("sdpa", "eager", "flex", "flash", "blocks"))
     # evaluation, logging, checkpoints
-    eval_every: int = field(10, help="held-out evaluation every N steps (0 = only before and after)",
+    eval_every: int = field(20, help="held-out evaluation every N steps (0 = only before and after)",
                             range=(0, None))
     eval_episodes: int = field(64, help="held-out episodes per evaluation (test split, greedy)", range=(1, None))
     save_every: int = field(5, help="checkpoint every N steps", range=(1, None))
@@ -128,14 +138,17 @@ class TrainConfig:
 # ------------------------------------------------------------------------------------------------
 
 # The auto teacher: sized so that building it fits the embedded default's 15-minute budget on 2 CPU cores.
-TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 150, "batch_episodes": 16, "lr": 3e-3}
+TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "batch_episodes": 32, "lr": 3e-3}
 
 
 def default_teacher_dir(cfg: TrainConfig) -> Path:
     """Cache location of the auto teacher, keyed by everything that shapes it."""
     from agents.models import cache_dir
 
-    key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, **TEACHER_SFT}, sort_keys=True)
+    from agents.presets import PRESET_FORMAT
+
+    key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, "preset_format": PRESET_FORMAT, **TEACHER_SFT},
+                     sort_keys=True)
     return cache_dir() / "teachers" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -162,10 +175,26 @@ def warm_start_student(model: torch.nn.Module, tokenizer: Any, cfg: TrainConfig,
     from memopd.sft import SFTConfig, oracle_episodes, train_sft
 
     log(f"student: warm start, {cfg.student_warmup_steps} SFT steps on oracle trajectories")
-    eps = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, 256, seed=cfg.seed + 2, progress=False)
-    sft_cfg = SFTConfig(steps=cfg.student_warmup_steps, batch_episodes=16, lr=3e-3, warmup_steps=5,
+    eps = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, 1000, seed=cfg.seed + 2, progress=False)
+    sft_cfg = SFTConfig(steps=cfg.student_warmup_steps, batch_episodes=32, lr=3e-3, warmup_steps=10,
                         seed=cfg.seed + 2)
     train_sft(model, eps, sft_cfg, pad_token_id=_pad_id(tokenizer), progress=cfg.progress)
+
+
+def resolve_defaults(cfg: TrainConfig) -> TrainConfig:
+    """Fill the defaults that depend on the student: ``--lr`` and ``--opd-divergence auto``.
+
+    A tiny preset learns from scratch: it needs a high learning rate, and the forward KL. Until it
+    can tell which fact the question asks for, the reverse KL's best answer is the geometric mean of
+    the teachers of the contexts it cannot tell apart (near uniform over names), and on LongQA it
+    stayed on its copy plateau where the forward KL, like SFT on the teacher, crossed it (measured;
+    see README). A pretrained student gets MemOPD's reverse KL and a small learning rate."""
+    from agents.presets import TINY_PRESETS
+
+    tiny = cfg.model in TINY_PRESETS
+    lr = cfg.lr if cfg.lr is not None else (TINY_LR if tiny else MODEL_LR)
+    div = cfg.opd_divergence if cfg.opd_divergence != "auto" else ("fkl" if tiny else "rkl")
+    return dataclasses.replace(cfg, lr=lr, opd_divergence=div)
 
 
 def _pad_id(tokenizer: Any) -> int:
@@ -293,6 +322,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, log=print):
         from agents.models import check_same_vocab, load
 
+        cfg = resolve_defaults(cfg)
         self.cfg, self.log = cfg, log
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -508,6 +538,10 @@ class Trainer:
                 warm_start_student(self.student, self.tokenizer, cfg, self.log)
             if cfg.ref_beta > 0:
                 self.ref = copy.deepcopy(self.student).requires_grad_(False)
+            if self.teacher is not None:
+                self.history["eval_teacher"] = Roller(cfg, self.teacher, self.teacher_tok).evaluate()
+                self.log(f"teacher held-out: F1 {self.history['eval_teacher']['f1']:.3f}  "
+                         f"EM {self.history['eval_teacher']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
             self.history["eval_before"] = self.roller.evaluate()
             self.log(f"held-out before training: F1 {self.history['eval_before']['f1']:.3f}  "
                      f"EM {self.history['eval_before']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
@@ -553,7 +587,8 @@ class Trainer:
         self.log(f"held-out F1: before {before.get('f1', float('nan')):.3f} -> after {after['f1']:.3f}  "
                  f"(EM {before.get('em', float('nan')):.3f} -> {after['em']:.3f})")
         self.log(f"run directory: {self.run_dir}")
-        summary = {"eval_before": before, "eval_after": after, "steps": self.step}
+        summary = {"eval_before": before, "eval_after": after, "eval_teacher": self.history.get("eval_teacher"),
+                   "steps": self.step}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
@@ -593,6 +628,7 @@ def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
     if cfg.run_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg = dataclasses.replace(cfg, run_dir=f"runs/train/{cfg.env.replace('/', '_')}-{stamp}")
+    cfg = resolve_defaults(cfg)  # saved resolved, so a resume keeps them
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(cfgmod.dump_toml(cfg))

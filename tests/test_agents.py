@@ -122,7 +122,7 @@ def test_fullcontext_reads_everything_then_answers_once(tiny, backend):
 
 def test_fullcontext_truncates_to_the_context_length_keeping_recent_text(tiny, backend):
     _, tokenizer = tiny
-    env = make_env(tokenizer, num_chunks=4)
+    env = make_env(tokenizer, num_chunks=4, chunk_size=64)  # longer than the 300-token limit
     full = FullContextAgent(backend, answer_max_new_tokens=5)
     limit = 300
     short = FullContextAgent(backend, answer_max_new_tokens=5, context_length=limit)

@@ -74,7 +74,7 @@ def test_teacher_and_student_presets_share_the_vocabulary(cache, tiny):
     check_same_vocab(tok_t, tok_s)
     assert teacher.config.vocab_size == student.config.vocab_size == len(tok_s)
     n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    assert n(teacher) > 4 * n(student)
+    assert n(teacher) > 1.5 * n(student)  # the teacher is the larger model
     assert student.config.num_key_value_heads < student.config.num_attention_heads  # GQA
     llama, tok_l = models.load("tiny-llama", cache_dir=cache)
     assert llama.config.model_type == "llama"

@@ -40,7 +40,8 @@ def test_training_steps_write_a_complete_run_dir(tmp_path):
     assert (run / "config.toml").is_file() and (run / "curves.png").stat().st_size > 1000
     assert sorted(p.name for p in (run / "episodes").iterdir()) == ["step-000001.jsonl", "step-000002.jsonl"]
     assert checkpoint.list_checkpoints(run)[0].name == "step-000002"
-    assert set(summary) >= {"eval_before", "eval_after"}
+    assert set(summary) >= {"eval_before", "eval_after", "eval_teacher"}
+    assert 0.0 <= summary["eval_teacher"]["f1"] <= 1.0  # the teacher is measured on the same test episodes
 
 
 def test_gae_critic_persistent_teacher_and_reference_penalty_run(tmp_path):
@@ -139,9 +140,19 @@ def test_teacher_with_another_vocabulary_is_refused(tmp_path):
 
 def test_opd_only_lowers_kl_to_the_teacher(tmp_path):
     cfg = _cfg(tmp_path / "run", "--steps", "24", "--reward", "none", "--lr", "3e-3", "--save-every", "100",
-               "--sample-episodes", "0", "--threads", "2")
+               "--sample-episodes", "0", "--threads", "2", "--opd-divergence", "rkl",  # MemOPD's own KL
+               "--ppo-epochs", "1", "--minibatches", "2")
     train.Trainer(cfg, log=lambda m: None).fit()
     kl = [r["kl/all"] for r in read_metrics(tmp_path / "run") if "kl/all" in r]
     assert len(kl) == 24
     first, last = sum(kl[:4]) / 4, sum(kl[-4:]) / 4
     assert last < 0.7 * first, kl
+
+
+def test_student_dependent_defaults_are_resolved_and_explicit_flags_win():
+    tiny = train.resolve_defaults(train.TrainConfig())
+    assert (tiny.lr, tiny.opd_divergence) == (train.TINY_LR, "fkl")  # a from-scratch tiny preset
+    real = train.resolve_defaults(train.TrainConfig(model="org/some-model"))
+    assert (real.lr, real.opd_divergence) == (train.MODEL_LR, "rkl")  # MemOPD's reverse KL
+    given = train.resolve_defaults(train.TrainConfig(lr=1e-4, opd_divergence="jsd"))
+    assert (given.lr, given.opd_divergence) == (1e-4, "jsd")
