@@ -144,7 +144,6 @@ TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "bat
 def default_teacher_dir(cfg: TrainConfig) -> Path:
     """Cache location of the auto teacher, keyed by everything that shapes it."""
     from agents.models import cache_dir
-
     from agents.presets import PRESET_FORMAT
 
     key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, "preset_format": PRESET_FORMAT, **TEACHER_SFT},

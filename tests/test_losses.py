@@ -72,19 +72,23 @@ def test_reward_penalty_is_one_sided():
     assert torch.allclose(pen, torch.tensor([-0.5, 0.0, 0.0]))
 
 
+def _reference_divergence(ps: Categorical, pt: Categorical, kind: str) -> torch.Tensor:
+    """The divergence from torch.distributions, independent of memopd.losses."""
+    if kind == "rkl":
+        return kl_divergence(ps, pt)
+    if kind == "fkl":
+        return kl_divergence(pt, ps)
+    m = Categorical(probs=0.5 * (ps.probs + pt.probs))
+    return 0.5 * (kl_divergence(ps, m) + kl_divergence(pt, m))
+
+
 @pytest.mark.parametrize("kind", ["rkl", "fkl", "jsd"])
 def test_divergences_match_torch_distributions(kind):
     torch.manual_seed(1)
     s, t = torch.randn(5, 37), torch.randn(5, 37)
     ps, pt = Categorical(logits=s), Categorical(logits=t)
     got = losses.divergence_from_logprobs(torch.log_softmax(s, -1), torch.log_softmax(t, -1), kind)
-    if kind == "rkl":
-        want = kl_divergence(ps, pt)
-    elif kind == "fkl":
-        want = kl_divergence(pt, ps)
-    else:
-        m = Categorical(probs=0.5 * (ps.probs + pt.probs))
-        want = 0.5 * (kl_divergence(ps, m) + kl_divergence(pt, m))
+    want = _reference_divergence(ps, pt, kind)
     assert torch.allclose(got, want, atol=1e-5)
 
 
@@ -121,13 +125,7 @@ def test_chunked_divergence_equals_unchunked_with_gradients(kind):
     g_chunk = torch.autograd.grad(chunked.sum(), [h_s, head_s.weight])
     # independent: full projection, then torch.distributions
     ps, pt = Categorical(logits=head_s(h_s) / 0.7), Categorical(logits=head_t(h_t) / 0.7)
-    if kind == "rkl":
-        full = kl_divergence(ps, pt)
-    elif kind == "fkl":
-        full = kl_divergence(pt, ps)
-    else:
-        m = Categorical(probs=0.5 * (ps.probs + pt.probs))
-        full = 0.5 * (kl_divergence(ps, m) + kl_divergence(pt, m))
+    full = _reference_divergence(ps, pt, kind)
     g_full = torch.autograd.grad(full.sum(), [h_s, head_s.weight])
     assert torch.allclose(chunked, full, atol=1e-5)
     for a, b in zip(g_chunk, g_full):
