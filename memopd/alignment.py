@@ -5,6 +5,9 @@ recorded at rollout. Aligned scoring (each invocation's own restored state) does
 every context update (turns 1..n) up to float error (<= 1e-4 in fp32); persistent scoring (the
 flattened history) does not, and its gap is what an OPD teacher would wrongly supervise with.
 The result is a per-turn table of max and mean |log p_scored - log p_recorded| for each mode.
+:func:`teacher_shift` measures the same thing from the teacher's side: per turn, how far the
+persistent history moves a teacher's full next-token distribution from the one it has under the
+student's exact state, KL(p_aligned || p_persistent) over the whole vocabulary.
 
 CLI::
 
@@ -25,8 +28,9 @@ from agents.records import Episode, Invocation
 from memopd.attention import LOWERINGS
 from memopd.audit import DTYPES, fitting_budget, load_cli_inputs
 from memopd.contexts import MODES, episode_invocations
+from memopd.losses import divergence_from_states
 from memopd.packing import pack_episodes
-from memopd.scoring import score
+from memopd.scoring import episode_states, score
 
 
 @dataclass
@@ -90,6 +94,23 @@ def state_alignment(model: torch.nn.Module, episodes: Sequence[Episode | Sequenc
             rows.append(TurnGap(t, len(g), float(g.max()), float(g.mean())))
         report.turns[mode] = rows
     return report
+
+
+@torch.no_grad()
+def teacher_shift(teacher: torch.nn.Module, episodes: Sequence[Episode | Sequence[Invocation]], *,
+                  lowering: str | None = None, max_tokens: int = 4096) -> list[TurnGap]:
+    """Per turn, max and mean of the full-vocabulary KL(p_aligned || p_persistent) of ``teacher``
+    at every sampled position: the change in the distillation target that persistent-history
+    scoring causes. Zero at turn 0 (no history yet); any model, not only the sampler."""
+    invs = episode_invocations(episodes)
+    states = {}
+    for mode in MODES:
+        states[mode], batch = episode_states(teacher, episodes, mode=mode, lowering=lowering,
+                                             max_tokens=fitting_budget(episodes, mode, max_tokens))
+    kl = divergence_from_states(states["aligned"], states["persistent"], "rkl").double().cpu()
+    turn = torch.tensor([invs[e][j].turn for e, j, _ in batch.token_map.tolist()], dtype=torch.long)
+    return [TurnGap(t, int((turn == t).sum()), float(kl[turn == t].max()), float(kl[turn == t].mean()))
+            for t in sorted(set(turn.tolist()))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

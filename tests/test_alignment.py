@@ -49,3 +49,32 @@ def test_alignment_cli(setup, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["aligned_ok"] and len(out["turns"]["aligned"]) == TURNS + 1
     assert max(t["max_gap"] for t in out["turns"]["persistent"]) > 1e-2
+
+
+def test_teacher_shift_is_the_full_vocab_kl_between_the_two_contexts(setup):
+    """A different model (the teacher) scores the student's episodes: its target distribution is
+    the same in both modes at turn 0 and moves at every later turn. Checked against KL computed
+    from the full log-distributions of :func:`score` in each mode."""
+    import torch
+
+    from memopd.alignment import teacher_shift
+    from memopd.packing import pack_episodes
+    from memopd.scoring import score
+
+    _, eps = setup
+    teacher = tiny_model("llama", seed=11)
+    rows = {r.turn: r for r in teacher_shift(teacher, eps, max_tokens=256)}
+    assert sorted(rows) == list(range(TURNS + 1))
+    assert rows[0].max_gap <= 1e-5
+    for t in range(1, TURNS + 1):
+        assert rows[t].mean_gap > 1e-4 and rows[t].max_gap >= rows[t].mean_gap, f"turn {t}"
+
+    dists = {}
+    for mode in ("aligned", "persistent"):
+        batch = pack_episodes(eps, 4096, mode=mode)
+        with torch.no_grad():
+            dists[mode] = score(teacher, batch, full_logdist=True).logdist.double()
+    kl = (dists["aligned"].exp() * (dists["aligned"] - dists["persistent"])).sum(-1)
+    turns = torch.tensor([eps[e].invocations[i].turn for e, i, _ in batch.token_map.tolist()])
+    for t in range(TURNS + 1):
+        assert abs(float(kl[turns == t].mean()) - rows[t].mean_gap) <= 1e-5

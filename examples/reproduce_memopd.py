@@ -1,0 +1,371 @@
+"""Reproduce MemOPD's claims at CPU scale: aligned vs persistent teacher scoring vs PPO, with seeds.
+
+    python examples/reproduce_memopd.py                      # the full experiment (see docs/RESULTS.md)
+    python examples/reproduce_memopd.py --smoke --out DIR    # the pipeline in about a minute (CI)
+
+One LongQA setting where memory matters: one fact hidden in one of 6 chunks of 48 tokens (288
+tokens of context), a 16-token memory, and the answer written from the memory alone. Steps:
+
+  1. teacher   `tiny-teacher` (1.2M params) fine-tuned with memopd.sft on 1,000 oracle trajectories
+  2. student   the `tiny` preset (0.62M params), warm-started by memopd.sft on oracle trajectories
+               until it has just begun to copy facts (held-out F1 ~0.2); every arm and seed starts
+               from this one student, so the seeds vary the RL (rollouts, sampling, minibatches)
+  3. arms      the same rollouts per step, steps, epochs, learning rate and divergence for each:
+                 ppo              PPO on the F1 reward alone                   (--opd-coef 0)
+                 ppo+opd-persist  PPO + OPD, teacher scores the flattened history
+                 ppo+memopd       PPO + OPD, teacher scores the state-aligned calls (MemOPD)
+                 opd-only         OPD alone, state-aligned                     (--reward none)
+  4. report    held-out F1 (mean, std over seeds) per arm, learning curves vs step and wall-clock,
+               and the state-alignment table (re-scored minus recorded log-prob, per turn).
+
+Both SFTs use oracle trajectories of the same task with 3 chunks (`sft_chunks`): every call sees
+the same kind of state [question, memory, chunk] as with 6, but a 6-chunk episode is mostly calls
+with nothing to copy, and a tiny teacher trained on those stayed on its copy plateau (6 chunks,
+500 steps of 16 episodes: held-out F1 0.08; 3 chunks, 250 steps of 32: 0.97 on the 6-chunk task).
+
+Everything lands in --out (default runs/reproduce): teacher/ and student/ (shared by every arm and
+divergence), runs/<divergence>/<arm>/seed-<s>/ (full run directories), and the report
+results-<divergence>.json, results-<divergence>.md, curves-<divergence>.png. A killed experiment
+resumes where it stopped: finished runs are kept, an unfinished run resumes from its last
+checkpoint. `--divergence rkl` runs the arms again with MemOPD's reverse KL beside the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+ENV = "memgym/LongQA-v0"
+ENV_KWARGS = {"num_chunks": 6, "chunk_size": 48, "memory_budget": 16}
+
+ARMS: dict[str, dict[str, Any]] = {
+    "ppo": {"opd_coef": 0.0},
+    "ppo+opd-persist": {"opd_coef": 1.0, "teacher_context": "persistent"},
+    "ppo+memopd": {"opd_coef": 1.0, "teacher_context": "aligned"},
+    "opd-only": {"opd_coef": 1.0, "teacher_context": "aligned", "reward": "none"},
+}
+"""What differs between arms; everything else is the same TrainConfig."""
+
+
+@dataclasses.dataclass
+class Budget:
+    """What every arm gets, and the teacher and warm start they share."""
+
+    steps: int = 40
+    questions_per_step: int = 8
+    group_size: int = 4
+    ppo_epochs: int = 2
+    lr: float = 2e-3
+    rl_warmup_steps: int = 5
+    divergence: str = "fkl"
+    eval_every: int = 5
+    eval_episodes: int = 64
+    sft_chunks: int = 3
+    teacher_steps: int = 250
+    teacher_batch: int = 32
+    teacher_episodes: int = 1000
+    warmup_steps: int = 200
+    warmup_batch: int = 32
+    max_new_tokens: int = 48
+
+
+SMOKE = Budget(steps=2, questions_per_step=2, group_size=2, ppo_epochs=1, rl_warmup_steps=0, eval_every=1,
+               eval_episodes=4, teacher_steps=2, teacher_batch=2, teacher_episodes=8, warmup_steps=2,
+               warmup_batch=2, max_new_tokens=12)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out", default="runs/reproduce", help="experiment directory")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (one warm student each)")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms out of {list(ARMS)}")
+    ap.add_argument("--smoke", action="store_true", help="a tiny budget that checks the pipeline, not the result")
+    for f in dataclasses.fields(Budget):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
+                        help=f"override the budget's {f.name} (default {f.default}; smoke {getattr(SMOKE, f.name)})")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars")
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.arms.split(",")) - set(ARMS))
+    if unknown:
+        ap.error(f"--arms: unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    base = SMOKE if args.smoke else Budget()
+    args.budget = dataclasses.replace(base, **{f.name: getattr(args, f.name) for f in dataclasses.fields(Budget)
+                                               if getattr(args, f.name) is not None})
+    args.seed_list = [int(s) for s in args.seeds.split(",") if s != ""]
+    args.arm_list = [a for a in args.arms.split(",") if a]
+    return args
+
+
+# ------------------------------------------------------------------------------------------------
+# 1-2. the shared teacher and warm student
+# ------------------------------------------------------------------------------------------------
+
+def sft_model(model: str, path: Path, steps: int, batch: int, episodes: int, seed: int, b: Budget,
+              args: argparse.Namespace) -> Path:
+    """memopd.sft on oracle trajectories of the task with ``b.sft_chunks`` chunks (see the module doc)."""
+    from memopd.sft import SFTConfig, run as run_sft
+
+    if (path / "config.json").is_file():
+        print(f"{path.name}: reusing {path}", file=sys.stderr)
+        return path
+    print(f"{path.name}: SFT of {model}, {steps} steps of {batch} oracle trajectories ({b.sft_chunks} chunks)",
+          file=sys.stderr)
+    run_sft(SFTConfig(model=model, out=str(path), env=ENV, env_kwargs={**ENV_KWARGS, "num_chunks": b.sft_chunks},
+                      num_episodes=episodes, steps=steps, batch_episodes=batch, lr=3e-3,
+                      warmup_steps=min(20, steps // 5), seed=seed, threads=args.threads), progress=args.progress)
+    return path
+
+
+def heldout_f1(model_dir: Path, b: Budget) -> float:
+    """Held-out F1 of a model on the experiment's task (cached beside it in heldout.json)."""
+    from agents.models import load
+    from memopd.train import Roller, TrainConfig
+
+    cached = model_dir / "heldout.json"
+    if not cached.is_file():
+        model, tok = load(model_dir)
+        cfg = TrainConfig(env=ENV, env_kwargs=ENV_KWARGS, eval_episodes=b.eval_episodes, progress=False)
+        cached.write_text(json.dumps(Roller(cfg, model, tok).evaluate()))
+    return json.loads(cached.read_text())["f1"]
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. the arms
+# ------------------------------------------------------------------------------------------------
+
+def arm_config(arm: str, seed: int, student: Path, teacher: Path, run_dir: Path, b: Budget,
+               args: argparse.Namespace):
+    from memopd.train import TrainConfig
+
+    return TrainConfig(env=ENV, env_kwargs=ENV_KWARGS, model=str(student), teacher=str(teacher),
+                       student_warmup_steps=0, run_dir=str(run_dir), steps=b.steps, seed=seed,
+                       threads=args.threads, questions_per_step=b.questions_per_step, group_size=b.group_size,
+                       max_new_tokens=b.max_new_tokens, ppo_epochs=b.ppo_epochs, lr=b.lr,
+                       warmup_steps=b.rl_warmup_steps,
+                       opd_divergence=b.divergence, eval_every=b.eval_every, eval_episodes=b.eval_episodes,
+                       save_every=5, progress=args.progress, **ARMS[arm])
+
+
+def run_path(out: Path, b: Budget, arm: str, seed: int) -> Path:
+    return out / "runs" / b.divergence / arm / f"seed-{seed}"
+
+
+def run_arm(arm: str, seed: int, student: Path, teacher: Path, out: Path, b: Budget,
+            args: argparse.Namespace) -> Path:
+    from memopd.checkpoint import list_checkpoints
+    from memopd.train import Trainer, prepare
+
+    run_dir = run_path(out, b, arm, seed)
+    if (run_dir / "summary.json").is_file():
+        return run_dir
+    cfg = arm_config(arm, seed, student, teacher, run_dir, b, args)
+    if list_checkpoints(run_dir):
+        cfg = dataclasses.replace(cfg, resume=str(run_dir))
+    print(f"== {arm}  seed {seed}" + ("  (resuming)" if cfg.resume else ""), file=sys.stderr)
+    cfg = prepare(cfg, explicit={"progress", "threads"})
+    quiet = lambda m: print(f"   {m}", file=sys.stderr, flush=True)  # noqa: E731
+    Trainer(cfg, log=quiet).fit()
+    (run_dir / "arm.json").write_text(json.dumps({"arm": arm, "seed": seed, **ARMS[arm]}))
+    return run_dir
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. the report
+# ------------------------------------------------------------------------------------------------
+
+def curve(run_dir: Path) -> dict[str, list[float]]:
+    """Held-out F1 by step and by training wall-clock (rollout + update seconds, evals excluded)."""
+    from memopd.runlog import read_metrics
+
+    steps, secs, f1 = [], [], []
+    clock = {0: 0.0}
+    for r in read_metrics(run_dir):
+        if "step_s" in r:
+            clock[r["step"]] = clock.get(r["step"] - 1, 0.0) + r["step_s"]
+        if "eval/f1" in r:
+            steps.append(r["step"])
+            secs.append(clock.get(r["step"], 0.0))
+            f1.append(r["eval/f1"])
+    return {"step": steps, "seconds": secs, "f1": f1}
+
+
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for arm, runs in results["curves"].items():
+        n = min(len(c["f1"]) for c in runs.values())
+        if n == 0:
+            continue
+        f1 = np.array([c["f1"][:n] for c in runs.values()])
+        for ax, key in zip(axes, ("step", "seconds")):
+            x = np.array([c[key][:n] for c in runs.values()]).mean(0)
+            line, = ax.plot(x, f1.mean(0), marker="o", ms=3, label=f"{arm} (n={len(runs)})")
+            ax.fill_between(x, f1.mean(0) - f1.std(0), f1.mean(0) + f1.std(0), color=line.get_color(), alpha=0.15)
+    teacher_f1 = results.get("teacher_f1")
+    for ax, xlabel in zip(axes, ("training step", "training wall-clock (s, rollout + update)")):
+        if teacher_f1 is not None:
+            ax.axhline(teacher_f1, color="k", ls="--", lw=1, label="teacher")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out F1 (mean ± std over seeds)")
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"{ENV} {json.dumps(ENV_KWARGS)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def alignment_tables(out: Path, teacher: Path, seed: int, b: Budget) -> dict[str, Any]:
+    """Per-turn state alignment on 32 test episodes sampled (temperature 1) by the trained MemOPD
+    student of ``seed`` (its warm start when that arm did not run):
+      - the sampling student re-scores its own actions: |log p - log p recorded|, aligned vs
+        persistent (the pure state effect: same weights, only the context differs);
+      - the teacher scores them: |log p_teacher - log p recorded| in each mode, and how far the
+        persistent history moves the teacher's full distribution, KL(p_aligned || p_persistent)."""
+    import gymnasium as gym
+
+    import memgym  # noqa: F401
+    from agents.backends.base import SamplingParams
+    from agents.backends.hf import HFBackend
+    from agents.memagent import MemAgent
+    from agents.models import load
+    from agents.rollout import rollout
+    from memopd.alignment import state_alignment, teacher_shift
+    from memopd.checkpoint import load_latest
+
+    student, tok = load(out / "student")
+    run_dir = run_path(out, b, "ppo+memopd", seed)
+    source = "warm-start"
+    if (run_dir / "summary.json").is_file():
+        load_latest(run_dir, {"student": student})
+        source = f"ppo+memopd (after {b.steps} steps)"
+    envs = [gym.make(ENV, split="test", tokenizer=tok, **ENV_KWARGS) for _ in range(8)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=b.max_new_tokens)
+    episodes = rollout(envs, MemAgent(HFBackend(student, tok, seed=seed), sampling=sampling), 32, seed=20_000,
+                       progress=False, run_id="alignment")
+    teacher_model, _ = load(teacher)
+    return {"episodes_from": source, "seed": seed,
+            "student": state_alignment(student, episodes).to_dict(),
+            "teacher": state_alignment(teacher_model, episodes).to_dict(),
+            "teacher_shift": [vars(r) for r in teacher_shift(teacher_model, episodes)]}
+
+
+def versions() -> dict[str, str]:
+    import gymnasium
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "gymnasium": gymnasium.__version__,
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads"}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [f"Held-out F1 ({results['budget']['eval_episodes']} test episodes, greedy) after "
+             f"{results['budget']['steps']} steps; mean ± std over seeds {results['seeds']}. "
+             f"Teacher F1 {results['teacher_f1']:.3f}; warm-start student "
+             f"{results['before_f1'][0]:.3f} ± {results['before_f1'][1]:.3f}.", "",
+             "| arm | F1 | EM | per seed | train s/step |", "|---|---|---|---|---|"]
+    for arm, row in results["table"].items():
+        lines.append(f"| {arm} | {row['f1'][0]:.3f} ± {row['f1'][1]:.3f} | {row['em'][0]:.3f} ± {row['em'][1]:.3f} | "
+                     f"{', '.join(f'{x:.3f}' for x in row['per_seed'])} | {row['s_per_step']:.1f} |")
+    al = results.get("alignment")
+    if al:
+        lines += ["", f"State alignment: 32 test episodes sampled by the {al['episodes_from']} student of seed "
+                      f"{al['seed']}. Mean / max over each turn's sampled tokens of |log p re-scored - log p "
+                      "recorded| (the student re-scoring its own samples; the teacher scoring them) and of the "
+                      "teacher's full-vocabulary KL(p_aligned || p_persistent).", "",
+                  "| turn | tokens | student aligned | student persistent | teacher aligned | teacher persistent "
+                  "| teacher KL(aligned ‖ persistent) |", "|---|---|---|---|---|---|---|"]
+        rows = {who: {m: {t["turn"]: t for t in al[who]["turns"][m]} for m in al[who]["turns"]}
+                for who in ("student", "teacher")}
+        shift = {t["turn"]: t for t in al["teacher_shift"]}
+        for turn in sorted(rows["student"]["aligned"]):
+            cells = [rows[w][m][turn] for w in ("student", "teacher") for m in ("aligned", "persistent")]
+            cells.append(shift[turn])
+            lines.append(f"| {turn} | {shift[turn]['tokens']} | "
+                         + " | ".join(f"{c['mean_gap']:.2e} / {c['max_gap']:.2e}" for c in cells) + " |")
+    lines += ["", f"Wall-clock: {results['wall_s'] / 60:.1f} min. Versions: "
+                  + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dict[str, Any]:
+    b = args.budget
+    curves: dict[str, dict[str, Any]] = {}
+    table: dict[str, Any] = {}
+    before, teacher_f1 = [], heldout_f1(teacher, b)
+    for arm in args.arm_list:
+        finals, ems, secs = [], [], []
+        for seed in args.seed_list:
+            run_dir = run_path(out, b, arm, seed)
+            summary = json.loads((run_dir / "summary.json").read_text())
+            curves.setdefault(arm, {})[str(seed)] = curve(run_dir)
+            finals.append(summary["eval_after"]["f1"])
+            ems.append(summary["eval_after"]["em"])
+            secs.append(curves[arm][str(seed)]["seconds"][-1] / max(1, summary["steps"]))
+            before.append(summary["eval_before"]["f1"])
+        table[arm] = {"f1": mean_std(finals), "em": mean_std(ems), "per_seed": finals,
+                      "s_per_step": sum(secs) / len(secs)}
+    results = {"env": ENV, "env_kwargs": ENV_KWARGS, "arms": {a: ARMS[a] for a in args.arm_list},
+               "seeds": args.seed_list, "budget": dataclasses.asdict(b), "teacher_f1": teacher_f1,
+               "before_f1": mean_std(before[: len(args.seed_list)]), "table": table, "curves": curves}
+    if args.seed_list:
+        results["alignment"] = alignment_tables(out, teacher, args.seed_list[0], b)
+    results["wall_s"] = time.perf_counter() - t0
+    results["versions"] = versions()
+    results["command"] = "python examples/reproduce_memopd.py " + " ".join(sys.argv[1:])
+    name = f"results-{b.divergence}"
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2))
+    plot(results, out / f"curves-{b.divergence}.png")
+    (out / f"{name}.md").write_text(markdown(results))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    b = args.budget
+    print(f"budget: {b}", file=sys.stderr)
+    teacher = sft_model("tiny-teacher", out / "teacher", b.teacher_steps, b.teacher_batch, b.teacher_episodes,
+                        1000, b, args)
+    student = sft_model("tiny", out / "student", b.warmup_steps, b.warmup_batch, 1000, 7, b, args)
+    print(f"held-out F1 on the task: teacher {heldout_f1(teacher, b):.3f}, warm student {heldout_f1(student, b):.3f}",
+          file=sys.stderr)
+    for seed in args.seed_list:  # seed-major: a stopped experiment has whole seeds, every arm
+        for arm in args.arm_list:
+            run_arm(arm, seed, student, teacher, out, b, args)
+    results = report(out, teacher, args, t0)
+    print(markdown(results))
+    d = args.budget.divergence
+    print(f"results: {out / f'results-{d}.md'}, {out / f'results-{d}.json'}, {out / f'curves-{d}.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
