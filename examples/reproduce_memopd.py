@@ -53,6 +53,9 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 """What differs between arms; everything else is the same TrainConfig."""
 
+REUSED: list[str] = []
+"""What this invocation found finished by an earlier one (so its wall-clock does not include it)."""
+
 
 @dataclasses.dataclass
 class Budget:
@@ -116,6 +119,7 @@ def sft_model(model: str, path: Path, steps: int, batch: int, episodes: int, see
 
     if (path / "config.json").is_file():
         print(f"{path.name}: reusing {path}", file=sys.stderr)
+        REUSED.append(path.name)
         return path
     print(f"{path.name}: SFT of {model}, {steps} steps of {batch} oracle trajectories ({b.sft_chunks} chunks)",
           file=sys.stderr)
@@ -166,6 +170,7 @@ def run_arm(arm: str, seed: int, student: Path, teacher: Path, out: Path, b: Bud
 
     run_dir = run_path(out, b, arm, seed)
     if (run_dir / "summary.json").is_file():
+        REUSED.append(f"{arm}/seed-{seed}")
         return run_dir
     cfg = arm_config(arm, seed, student, teacher, run_dir, b, args)
     if list_checkpoints(run_dir):
@@ -219,7 +224,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         for ax, key in zip(axes, ("step", "seconds")):
             x = np.array([c[key][:n] for c in runs.values()]).mean(0)
             line, = ax.plot(x, f1.mean(0), marker="o", ms=3, label=f"{arm} (n={len(runs)})")
-            ax.fill_between(x, f1.mean(0) - f1.std(0), f1.mean(0) + f1.std(0), color=line.get_color(), alpha=0.15)
+            sd = f1.std(0, ddof=1) if len(f1) > 1 else np.zeros(n)  # the table's std: over seeds, n - 1
+            ax.fill_between(x, f1.mean(0) - sd, f1.mean(0) + sd, color=line.get_color(), alpha=0.15)
     teacher_f1 = results.get("teacher_f1")
     for ax, xlabel in zip(axes, ("training step", "training wall-clock (s, rollout + update)")):
         if teacher_f1 is not None:
@@ -304,7 +310,8 @@ def markdown(results: dict[str, Any]) -> str:
             cells.append(shift[turn])
             lines.append(f"| {turn} | {shift[turn]['tokens']} | "
                          + " | ".join(f"{c['mean_gap']:.2e} / {c['max_gap']:.2e}" for c in cells) + " |")
-    lines += ["", f"Wall-clock: {results['wall_s'] / 60:.1f} min. Versions: "
+    reused = f" (it reused {len(results['reused'])} finished parts of an earlier one)" if results["reused"] else ""
+    lines += ["", f"Wall-clock of this invocation: {results['wall_s'] / 60:.1f} min{reused}. Versions: "
                   + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + "."]
     return "\n".join(lines) + "\n"
 
@@ -332,6 +339,7 @@ def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dic
     if args.seed_list:
         results["alignment"] = alignment_tables(out, teacher, args.seed_list[0], b)
     results["wall_s"] = time.perf_counter() - t0
+    results["reused"] = list(REUSED)
     results["versions"] = versions()
     results["command"] = "python examples/reproduce_memopd.py " + " ".join(sys.argv[1:])
     name = f"results-{b.divergence}"
@@ -350,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    REUSED.clear()
     b = args.budget
     print(f"budget: {b}", file=sys.stderr)
     teacher = sft_model("tiny-teacher", out / "teacher", b.teacher_steps, b.teacher_batch, b.teacher_episodes,

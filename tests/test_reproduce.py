@@ -70,6 +70,10 @@ def test_rerun_reuses_finished_work(reproduce, smoke, capsys):
     assert reproduce.main(["--smoke", "--seeds", "0", "--arms", "ppo", "--out", str(out), "--no-progress"]) == 0
     assert "teacher: reusing" in capsys.readouterr().err
     assert (out / "runs" / "fkl" / "ppo" / "seed-0" / "summary.json").stat().st_mtime == mtime
+    rerun = json.loads((out / "results-fkl.json").read_text())
+    assert rerun["reused"] == ["teacher", "student", "ppo/seed-0"]
+    assert rerun["table"]["ppo"] == res["table"]["ppo"]  # same numbers, read back from the run directory
+    assert "reused 3 finished parts" in (out / "results-fkl.md").read_text()
 
 
 def test_unknown_arm_is_refused(reproduce, capsys):
