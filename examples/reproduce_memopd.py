@@ -8,8 +8,8 @@ tokens of context), a 16-token memory, and the answer written from the memory al
 
   1. teacher   `tiny-teacher` (1.2M params) fine-tuned with memopd.sft on 1,000 oracle trajectories
   2. student   the `tiny` preset (0.62M params), warm-started by memopd.sft on oracle trajectories
-               until it has just begun to copy facts (held-out F1 ~0.2); every arm and seed starts
-               from this one student, so the seeds vary the RL (rollouts, sampling, minibatches)
+               (200 steps: the format and the person's name, not yet the fact; held-out F1 ~0.02);
+               every arm and seed starts from this one student, so the seeds vary the RL
   3. arms      the same rollouts per step, steps, epochs, learning rate and divergence for each:
                  ppo              PPO on the F1 reward alone                   (--opd-coef 0)
                  ppo+opd-persist  PPO + OPD, teacher scores the flattened history
@@ -88,7 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default="runs/reproduce", help="experiment directory")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (one warm student each)")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds (every seed starts from the one warm student)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms out of {list(ARMS)}")
     ap.add_argument("--smoke", action="store_true", help="a tiny budget that checks the pipeline, not the result")
     for f in dataclasses.fields(Budget):
@@ -179,7 +179,6 @@ def run_arm(arm: str, seed: int, student: Path, teacher: Path, out: Path, b: Bud
     cfg = prepare(cfg, explicit={"progress", "threads"})
     quiet = lambda m: print(f"   {m}", file=sys.stderr, flush=True)  # noqa: E731
     Trainer(cfg, log=quiet).fit()
-    (run_dir / "arm.json").write_text(json.dumps({"arm": arm, "seed": seed, **ARMS[arm]}))
     return run_dir
 
 

@@ -29,7 +29,7 @@ from memopd.attention import LOWERINGS
 from memopd.audit import DTYPES, fitting_budget, load_cli_inputs
 from memopd.contexts import MODES, episode_invocations
 from memopd.losses import divergence_from_states
-from memopd.packing import pack_episodes
+from memopd.packing import PackedBatch, pack_episodes
 from memopd.scoring import episode_states, score
 
 
@@ -87,13 +87,15 @@ def state_alignment(model: torch.nn.Module, episodes: Sequence[Episode | Sequenc
         batch = pack_episodes(episodes, fitting_budget(episodes, mode, max_tokens), mode=mode)
         scores = score(model, batch, lowering=lowering)
         gap = (scores.logprobs.double().cpu() - batch.old_logprobs.double()).abs()
-        turn = torch.tensor([invs[e][j].turn for e, j, _ in batch.token_map.tolist()], dtype=torch.long)
-        rows = []
-        for t in sorted(set(turn.tolist())):
-            g = gap[turn == t]
-            rows.append(TurnGap(t, len(g), float(g.max()), float(g.mean())))
-        report.turns[mode] = rows
+        report.turns[mode] = per_turn(gap, batch, invs)
     return report
+
+
+def per_turn(values: torch.Tensor, batch: PackedBatch, invs: list[list[Invocation]]) -> list[TurnGap]:
+    """Max and mean of per-action ``values`` [N] grouped by the turn of each action's invocation."""
+    turn = torch.tensor([invs[e][j].turn for e, j, _ in batch.token_map.tolist()], dtype=torch.long)
+    return [TurnGap(t, int((turn == t).sum()), float(values[turn == t].max()), float(values[turn == t].mean()))
+            for t in sorted(set(turn.tolist()))]
 
 
 @torch.no_grad()
@@ -108,9 +110,7 @@ def teacher_shift(teacher: torch.nn.Module, episodes: Sequence[Episode | Sequenc
         states[mode], batch = episode_states(teacher, episodes, mode=mode, lowering=lowering,
                                              max_tokens=fitting_budget(episodes, mode, max_tokens))
     kl = divergence_from_states(states["aligned"], states["persistent"], "rkl").double().cpu()
-    turn = torch.tensor([invs[e][j].turn for e, j, _ in batch.token_map.tolist()], dtype=torch.long)
-    return [TurnGap(t, int((turn == t).sum()), float(kl[turn == t].max()), float(kl[turn == t].mean()))
-            for t in sorted(set(turn.tolist()))]
+    return per_turn(kl, batch, invs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
