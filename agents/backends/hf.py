@@ -101,6 +101,11 @@ class HFBackend(Backend):
         self._stream = torch.Generator().manual_seed(seed)
 
     # ------------------------------------------------------------------ public
+    def reseed(self, seed: int) -> None:
+        """Restart the backend's seed stream (used by calls whose ``SamplingParams.seed`` is None),
+        so that a trainer replays a step's sampling exactly after a resume."""
+        self._stream.manual_seed(seed)
+
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Invocation]:
         if not requests:
