@@ -3,7 +3,7 @@
 For tiny Qwen2 and Llama models with grouped-query attention and episodes with every packing
 hard case (shared prefixes, positions starting above 0 or continuing the previous block's,
 several episodes per row, an episode split across rows), each lowering's packed logits are
-compared with running every invocation alone with sdpa (max |logit diff| over all action tokens
+compared with the model's own forward of every invocation alone (max |logit diff| over all action tokens
 and the full vocabulary), and its gradient of the summed log-probs with the dense-mask sdpa
 gradient. A short timing section then compares actor forward + backward of padded batches with
 the packed lowerings on a MemAgent-like workload. Exits cleanly when CUDA, FlexAttention or
@@ -61,9 +61,22 @@ def tiny(arch: str, vocab: int = 256):
     return cls(cfg(**kw)).to(DEVICE).eval()
 
 
+@torch.no_grad()
+def alone_logits(model, eps) -> torch.Tensor:
+    """[N, V] the model's own forward logits before each sampled token, each call run alone (sdpa),
+    in the canonical action order of the packed batch."""
+    out = []
+    for ep in eps:
+        for inv in ep.invocations:
+            ids = torch.tensor([inv.input_ids], device=DEVICE)
+            pos = torch.tensor([inv.position_ids], device=DEVICE)
+            out.append(model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, inv.prompt_len - 1:-1])
+    return torch.cat(out).float()
+
+
 def check(lowerings: list[str]) -> bool:
     from memopd.attention import packed_hidden_states
-    from memopd.audit import alone_hidden_states
+    from memopd.heads import output_head
     from memopd.packing import pack_episodes
     from memopd.scoring import action_states, token_logprobs
 
@@ -84,9 +97,8 @@ def check(lowerings: list[str]) -> bool:
         model = tiny(arch)
         for dtype in (torch.float32, torch.bfloat16):
             model = model.to(dtype)
-            head = model.get_output_embeddings()
-            with torch.no_grad():
-                ref = head(alone_hidden_states(model, eps, "sdpa")).float()
+            head = output_head(model)
+            ref = alone_logits(model, eps)
             grads = {}
             for low in ["sdpa"] + lowerings:
                 if low == "flash" and dtype == torch.float32:

@@ -34,7 +34,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from agents.records import Episode, Invocation
 from memopd.attention import base_model
 from memopd.packing import PackedBatch, pack_episodes
-from memopd.scoring import ActionStates, action_states, reverse_kl, token_logprobs
+from memopd.losses import divergence_from_states
+from memopd.scoring import ActionStates, action_states, token_logprobs
 
 
 @dataclass
@@ -177,7 +178,7 @@ def kl_child(tokens: int, vocab: int, hidden: int, chunk: int) -> None:
     before = _rss_kib("VmRSS")
     t0 = time.perf_counter()
     if chunk > 0:
-        kl = reverse_kl(student, teacher, chunk_size=chunk)
+        kl = divergence_from_states(student, teacher, "rkl", chunk_size=chunk)
     else:  # the naive way: [tokens, vocab] log-distributions of both models, one autograd graph
         logp_s = torch.log_softmax(head_s(h_s), -1)
         with torch.no_grad():

@@ -25,11 +25,12 @@ from typing import Sequence
 import torch
 
 from agents.records import Episode, Invocation
+from memgym.cli import DEFAULT_THREADS, THREADS_HELP, run_main
 from memopd.attention import LOWERINGS
-from memopd.audit import DTYPES, fitting_budget, load_cli_inputs
 from memopd.contexts import MODES, episode_invocations
+from memopd.inputs import DTYPES, INPUT_ERRORS, load_cli_inputs
 from memopd.losses import divergence_from_states
-from memopd.packing import PackedBatch, pack_episodes
+from memopd.packing import PackedBatch, fitting_budget, pack_episodes
 from memopd.scoring import episode_states, score
 
 
@@ -114,34 +115,36 @@ def teacher_shift(teacher: torch.nn.Module, episodes: Sequence[Episode | Sequenc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m memopd.alignment", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m memopd.alignment", description=__doc__.split("CLI::")[0].strip(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("episodes", help="episodes JSONL sampled by --model")
     ap.add_argument("--model", required=True, help="the model spec that sampled the episodes")
-    ap.add_argument("--attn", choices=LOWERINGS, default=None)
-    ap.add_argument("--max-episodes", type=int, default=None)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
-    ap.add_argument("--tolerance", type=float, default=1e-4)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (0 keeps torch's default; 1 is safest on small shared machines)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--attn", choices=LOWERINGS, default=None,
+                    help="attention lowering (default: the first that is exact for the model)")
+    ap.add_argument("--max-episodes", type=int, default=None, help="check only the first N episodes")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device (default: cuda when available, else cpu)")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="model dtype (default: float32)")
+    ap.add_argument("--tolerance", type=float, default=1e-4, help="max aligned gap that passes (default: 1e-4)")
+    ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
 
-    loaded = load_cli_inputs(args)
-    if loaded is None:
-        return 2
-    model, episodes = loaded
-    rep = state_alignment(model, episodes, lowering=args.attn, tolerance=args.tolerance)
-    if args.json:
-        print(json.dumps(rep.to_dict(), indent=2))
-    else:
-        print(f"state alignment of {len(episodes)} episodes, model {args.model} "
-              f"(|log p scored - log p recorded| per turn)")
-        print(rep.table())
-        print(f"aligned max gap {rep.max_gap('aligned'):.3e} "
-              f"({'<=' if rep.aligned_ok else '>'} {rep.tolerance:g}); "
-              f"persistent max gap {rep.max_gap('persistent'):.3e}")
-    return 0 if rep.aligned_ok else 1
+    def run() -> int:
+        model, episodes = load_cli_inputs(args)
+        rep = state_alignment(model, episodes, lowering=args.attn, tolerance=args.tolerance)
+        if args.json:
+            print(json.dumps(rep.to_dict(), indent=2))
+        else:
+            print(f"state alignment of {len(episodes)} episodes, model {args.model} "
+                  f"(|log p scored - log p recorded| per turn)")
+            print(rep.table())
+            print(f"aligned max gap {rep.max_gap('aligned'):.3e} "
+                  f"({'<=' if rep.aligned_ok else '>'} {rep.tolerance:g}); "
+                  f"persistent max gap {rep.max_gap('persistent'):.3e}")
+        return 0 if rep.aligned_ok else 1
+
+    return run_main(run, INPUT_ERRORS)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -72,17 +73,209 @@ def choose_lowering(device: torch.device | str, override: str | None = None) -> 
     return "blocks"
 
 
-def check_supported(model: torch.nn.Module, lowering: str) -> None:
-    """Refuse model features a lowering would silently get wrong."""
+class UnsupportedLoweringError(NotImplementedError):
+    """A lowering cannot reproduce this model's attention exactly; the message says why and what to use."""
+
+
+def layer_windows(model: torch.nn.Module) -> list[int | None]:
+    """Per decoder layer, the sliding-window size its attention uses (None: full causal).
+
+    Read from the config the way transformers builds its masks: ``layer_types`` (Gemma 2/3,
+    Qwen2 with ``use_sliding_window``, Ministral ...) marks sliding layers, which use
+    ``sliding_window``; without ``layer_types`` a set ``sliding_window`` applies to every layer
+    (Mistral, Phi3). A token at index i of its call then sees keys j with ``i - W < j <= i``."""
     cfg = model.config
-    sliding = "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) or (
-        getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None))
-    if sliding:
-        raise NotImplementedError(
-            f"{type(model).__name__} uses sliding-window attention; the packed lowerings implement full causal "
-            "attention only (packing would let tokens see past the window)")
-    if lowering == "blocks" and getattr(cfg, "attn_logit_softcapping", None):
-        raise NotImplementedError("the blocks lowering has no attention soft-capping; use eager")
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise UnsupportedLoweringError(
+                f"{type(model).__name__} has attention layer types {unknown}; packed scoring implements full "
+                "causal and sliding-window attention only")
+        return [window if t == "sliding_attention" and window else None for t in types]
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return [None] * n
+    return [int(window) if window else None] * n
+
+
+def effective_windows(model: torch.nn.Module, batch: PackedBatch | None) -> list[int | None]:
+    """:func:`layer_windows`, with windows that no call of ``batch`` is long enough to reach
+    dropped (a window of W never hides anything from a context of at most W tokens)."""
+    windows = layer_windows(model)
+    if batch is None or not any(windows):
+        return windows
+    longest = int(call_index(batch).max()) + 1 if batch.block_ids.numel() else 0
+    return [w if w is not None and w < longest else None for w in windows]
+
+
+def check_supported(model: torch.nn.Module, lowering: str, batch: PackedBatch | None = None) -> None:
+    """Refuse, before any work, what a lowering would silently get wrong for this model."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    name = type(model).__name__
+    windows = effective_windows(model, batch)
+    if any(windows) and lowering in ("flex", "flash"):
+        raise UnsupportedLoweringError(
+            f"{name} uses sliding-window attention (window {max(w for w in windows if w)}) and some calls are "
+            f"longer than it; the {lowering!r} lowering does not apply the window; use blocks, sdpa or eager")
+    if getattr(cfg, "attn_logit_softcapping", None) and lowering in ("blocks", "sdpa"):
+        raise UnsupportedLoweringError(
+            f"{name} soft-caps its attention scores (attn_logit_softcapping), which the {lowering!r} lowering "
+            "does not do; use eager (CPU) or flex / flash (GPU)")
+    if lowering == "blocks" and not blocks_supported(model):
+        raise UnsupportedLoweringError(
+            f"{name} does not pass extra arguments down to its attention function, so the 'blocks' lowering "
+            "cannot give it the segment structure; use sdpa or eager")
+    verify_lowering(model, lowering)
+
+
+def preferred_lowerings(device: torch.device | str) -> list[str]:
+    """Lowerings in order of preference on a device (fastest exact first)."""
+    if torch.device(device).type == "cuda":
+        return [x for x, ok in (("flex", flex_available()), ("flash", flash_available())) if ok] + \
+            ["blocks", "sdpa", "eager"]
+    return ["blocks", "sdpa", "eager"]
+
+
+def resolve_lowering(model: torch.nn.Module, device: torch.device | str, override: str | None = None,
+                     batch: PackedBatch | None = None) -> str:
+    """The lowering to use: ``override`` if given (refused with the reason when it cannot score this
+    model exactly), else the first of :func:`preferred_lowerings` that can; when none can, the
+    error says why for each."""
+    if override is not None:
+        lowering = choose_lowering(device, override)
+        check_supported(model, lowering, batch)
+        return lowering
+    reasons = []
+    for lowering in preferred_lowerings(device):
+        try:
+            check_supported(model, lowering, batch)
+            return lowering
+        except UnsupportedLoweringError as exc:
+            reasons.append(f"{lowering}: {exc}")
+    raise UnsupportedLoweringError(f"no attention lowering scores {type(model).__name__} exactly:\n  "
+                                   + "\n  ".join(reasons))
+
+
+def call_index(batch: PackedBatch) -> torch.Tensor:
+    """[R, L] long: each token's index within its own call's context ``[prefix, block]`` (what a
+    sliding window counts in when the call runs alone); 0 in padding."""
+    idx = torch.zeros_like(batch.block_ids)
+    for r, segs in enumerate(batch.segments):
+        for s in segs:
+            offset = (segs[s.prefix].end - segs[s.prefix].start) if s.prefix >= 0 else 0
+            idx[r, s.start:s.end] = torch.arange(offset, offset + s.end - s.start)
+    return idx.to(batch.block_ids.device)
+
+
+_VERIFIED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, str | None]]" = weakref.WeakKeyDictionary()
+PROBE_WINDOW_LIMIT = 256  # probe windows up to this size by making a call longer than the window
+
+
+def _probe_batch(model: torch.nn.Module) -> PackedBatch:
+    """One packed row with every hard case: a shared prefix starting above position 0 with two
+    private blocks (one longer than the model's smallest sliding window, when that is small), then
+    a call without a prefix whose positions continue the previous block's."""
+    from agents.records import Invocation
+    from memopd.packing import pack_episodes
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(1)
+    toks = lambda n: torch.randint(0, vocab, (n,), generator=gen).tolist()  # noqa: E731
+    small = [w for w in layer_windows(model) if w is not None and w <= PROBE_WINDOW_LIMIT]
+    long_private = (min(small) + 4) if small else 9
+
+    def call(prefix: list[int], private: int, response: int, start: int) -> Invocation:
+        prompt = prefix + toks(private)
+        n = len(prompt) + response
+        return Invocation(prompt_ids=prompt, response_ids=toks(response), logprobs=[0.0] * response,
+                          position_ids=list(range(start, start + n)), prefix_len=len(prefix))
+
+    q = toks(6)
+    first = [call(q, long_private, 3, 2), call(q, 5, 2, 2)]
+    single = call([], 7, 2, 2 + len(first[1].input_ids))
+    return pack_episodes([first, [single]], max_tokens=4096, balance=False)
+
+
+@torch.no_grad()
+def verify_lowering(model: torch.nn.Module, lowering: str) -> None:
+    """Check once per model and lowering, on a small probe batch, that packed execution gives the
+    final hidden states of the model's own forward of each call alone (eager attention). This
+    catches, before any work, what no config flag announces: token mixing outside attention
+    (state-space or convolution layers), attention features a lowering drops, a model that does not
+    honour the mask. Raises :class:`UnsupportedLoweringError` saying how far off it is."""
+    done = _VERIFIED.setdefault(model, {})
+    if lowering not in done:
+        done[lowering] = _probe(model, lowering)
+    if done[lowering] is not None:
+        raise UnsupportedLoweringError(done[lowering])
+
+
+def _probe(model: torch.nn.Module, lowering: str) -> str | None:
+    device = next(model.parameters()).device
+    batch = _probe_batch(model).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        try:
+            packed = _packed_hidden(model, batch, lowering, effective_windows(model, batch))
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
+            return (f"packed execution of {type(model).__name__} with the {lowering!r} lowering failed on a probe "
+                    f"batch ({type(exc).__name__}: {exc})")
+        base = base_model(model)
+        ref = []
+        with attn_implementation(model, "eager"):
+            for segs in batch.segments:
+                for s in segs:
+                    if s.is_prefix:
+                        continue
+                    cols = list(range(segs[s.prefix].start, segs[s.prefix].end)) if s.prefix >= 0 else []
+                    cols += list(range(s.start, s.end))
+                    ids, pos = batch.input_ids[0, cols][None], batch.position_ids[0, cols][None]
+                    h = base(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]
+                    ref.append((cols, h))
+    finally:
+        model.train(was_training)
+    where = {}  # packed column -> hidden state there when its call runs alone (a prefix column's
+    for cols, h in ref:  # state is the same in every call that shares the prefix: it is causal)
+        where.update({c: h[i] for i, c in enumerate(cols)})
+    alone = torch.stack([where[int(c)] for c in batch.action_cols])
+    err = float((packed.float() - alone.float()).abs().max())
+    tol = (1e-4 if packed.dtype in (torch.float32, torch.float64) else 3e-2) * (1.0 + float(alone.abs().max()))
+    if err <= tol:
+        return None
+    return (f"packed execution of {type(model).__name__} with the {lowering!r} lowering differs from the model's own "
+            f"forward of each call alone by {err:.3g} (tolerance {tol:.2g}) on a probe batch; scores would be "
+            "silently wrong (the model may mix tokens outside attention, e.g. state-space or convolution layers, or "
+            "use an attention feature this lowering does not reproduce)" + ("; try eager" if lowering != "eager" else ""))
+
+
+class _SpansMissing(NotImplementedError):
+    pass
+
+
+_BLOCKS_OK: dict[type, bool] = {}
+
+
+@torch.no_grad()
+def blocks_supported(model: torch.nn.Module) -> bool:
+    """Whether the model passes extra forward kwargs down to its attention function (the
+    ``blocks`` lowering needs that), found by one forward of two tokens; cached per class."""
+    cls = type(model)
+    if cls not in _BLOCKS_OK:
+        device = next(model.parameters()).device
+        ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+        try:
+            with attn_implementation(model, "blocks"):
+                base_model(model)(input_ids=ids, position_ids=torch.arange(2, device=device)[None], use_cache=False,
+                                  memopd_spans=[[(0, 2, 0, 0)]])
+            _BLOCKS_OK[cls] = True
+        except _SpansMissing:
+            _BLOCKS_OK[cls] = False
+    return _BLOCKS_OK[cls]
 
 
 def token_prefix(batch: PackedBatch) -> torch.Tensor:
@@ -92,23 +285,43 @@ def token_prefix(batch: PackedBatch) -> torch.Tensor:
     return torch.where(batch.block_ids >= 0, pref, torch.full_like(pref, -1))
 
 
-def allowed_mask(batch: PackedBatch) -> torch.Tensor:
-    """[R, L, L] bool: query column i may attend to key column j."""
+def allowed_mask(batch: PackedBatch, window: int | None = None) -> torch.Tensor:
+    """[R, L, L] bool: query column i may attend to key column j. With a sliding ``window`` W, a
+    token also sees only the W last tokens of its own call's context (itself included)."""
     bid, pref = batch.block_ids, token_prefix(batch)
     L = bid.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=bid.device).tril()
     q_blk, k_blk = bid[:, :, None], bid[:, None, :]
     real = (q_blk >= 0) & (k_blk >= 0)
     visible = (q_blk == k_blk) | (pref[:, :, None] == k_blk)
+    if window is not None:
+        idx = call_index(batch)
+        visible = visible & (idx[:, :, None] - idx[:, None, :] < window)
     eye = torch.eye(L, dtype=torch.bool, device=bid.device)
     return (causal & real & visible) | (eye & (q_blk < 0))
 
 
-def additive_mask(batch: PackedBatch, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(batch: PackedBatch, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
     """[R, 1, L, L] float mask for sdpa/eager: 0 where visible, ``finfo(dtype).min`` elsewhere."""
-    allowed = allowed_mask(batch)
+    allowed = allowed_mask(batch, window)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def dense_masks(model: torch.nn.Module, batch: PackedBatch, dtype: torch.dtype,
+                windows: list[int | None] | None = None) -> torch.Tensor | dict:
+    """The ``attention_mask`` argument of the sdpa/eager lowerings: one additive mask, or, when
+    full and sliding layers mix, a mapping from layer type to mask (transformers' own form)."""
+    windows = effective_windows(model, batch) if windows is None else windows
+    distinct = set(windows)
+    if len(distinct) <= 1:
+        return additive_mask(batch, dtype, next(iter(distinct), None))
+    types = getattr(model.config.get_text_config(), "layer_types", None)
+    if not types:
+        raise UnsupportedLoweringError(f"{type(model).__name__}: layers use different windows {sorted(distinct, key=str)} "
+                                       "without layer_types; cannot build per-layer masks")
+    by_window = {w: additive_mask(batch, dtype, w) for w in distinct}
+    return {t: by_window[w] for t, w in zip(types, windows)}
 
 
 FLEX_BLOCK = 128  # FlexAttention's tile size; rows are padded to a multiple of it
@@ -190,9 +403,35 @@ def block_spans(batch: PackedBatch) -> list[list[Span]]:
     return out
 
 
+def _layer_window(module: torch.nn.Module, windows: list[int | None] | None, passed: int | None) -> int | None:
+    """This layer's window: from the model's config (by ``module.layer_idx``), cross-checked with
+    what the model passed to its attention function."""
+    if not windows or not any(windows):
+        return None
+    idx = getattr(module, "layer_idx", None)
+    if idx is None:
+        if len(set(windows)) > 1:
+            raise UnsupportedLoweringError(f"{type(module).__name__} has no layer_idx and layers use different "
+                                           "sliding windows; use sdpa or eager")
+        return windows[0]
+    return windows[idx]
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, **kw: Any) -> torch.Tensor:
+    """Causal SDPA over one call context ``[1, H, n, D]``; with a window shorter than the context,
+    each query sees only its ``window`` last keys (itself included)."""
+    n = q.shape[-2]
+    if window is None or window >= n:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
+    i = torch.arange(n, device=q.device)
+    allowed = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, **kw)
+
+
 def blockwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
-                        memopd_spans: list[list[Span]] | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+                        memopd_spans: list[list[Span]] | None = None, memopd_windows: list[int | None] | None = None,
+                        **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers attention function of the ``blocks`` lowering. query ``[R, H, L, D]``, key and
     value ``[R, H_kv, L, D]``; returns ``[R, L, H, D]``. Padding columns get zeros.
 
@@ -200,10 +439,13 @@ def blockwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
     is one concatenation; slicing per segment would materialise a full-size gradient per slice).
     """
     if memopd_spans is None:
-        raise ValueError("the memopd 'blocks' attention needs memopd_spans; call the model through "
-                         "memopd.attention.packed_hidden_states")
-    if kwargs.get("sliding_window"):
-        raise ValueError("the 'blocks' lowering does not implement sliding-window attention; use sdpa")
+        raise _SpansMissing("the memopd 'blocks' attention got no memopd_spans: call the model through "
+                            "memopd.attention.packed_hidden_states, with a model that passes forward kwargs to "
+                            "its attention (else use sdpa or eager)")
+    for name in ("softcap", "s_aux", "sinks"):
+        if kwargs.get(name) is not None:
+            raise UnsupportedLoweringError(f"the 'blocks' lowering does not implement attention {name!r}; use eager")
+    window = _layer_window(module, memopd_windows, kwargs.get("sliding_window"))
     R, H, L, D = query.shape
     flat = lambda x: x.transpose(0, 1).reshape(x.shape[1], R * L, D)  # noqa: E731  [heads, R*L, D]
     sizes: list[int] = []
@@ -226,8 +468,8 @@ def blockwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
         if kind == 0:
             outs.append(query.new_zeros(H, sizes[i], D))
         elif kind == 1:  # a prefix, or a block without one: plain causal
-            outs.append(F.scaled_dot_product_attention(qp[i][None], kp[i][None], vp[i][None], is_causal=True,
-                                                       dropout_p=p_drop, scale=scaling, enable_gqa=gqa)[0])
+            outs.append(_causal(qp[i][None], kp[i][None], vp[i][None], window, dropout_p=p_drop, scale=scaling,
+                                enable_gqa=gqa)[0])
         else:  # a block: run [prefix, block] causally and keep the block's rows. Recomputing the
             # prefix's own rows costs m^2/2, less than the masked m x n rectangle a mask would
             # force (a causal kernel skips the upper triangle; an explicit mask does not)
@@ -235,8 +477,7 @@ def blockwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
             q = torch.cat([qp[pre], qp[i]], dim=1)[None]
             k = torch.cat([kp[pre], kp[i]], dim=1)[None]
             v = torch.cat([vp[pre], vp[i]], dim=1)[None]
-            outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p_drop, scale=scaling,
-                                                       enable_gqa=gqa)[0, :, m:])
+            outs.append(_causal(q, k, v, window, dropout_p=p_drop, scale=scaling, enable_gqa=gqa)[0, :, m:])
     out = torch.cat(outs, dim=1).reshape(H, R, L, D)
     return out.permute(1, 2, 0, 3).contiguous(), None
 
@@ -275,11 +516,15 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, lowering: str | None = None) -> torch.Tensor:
     """Final hidden states ``[N, H]`` at the gather positions of a packed batch (the position before
-    each sampled token), computed with the batch's explicit visibility."""
+    each sampled token), computed with the batch's explicit visibility. The lowering (given, or
+    the first exact one for the model, see :func:`resolve_lowering`) is checked for the model once."""
     device = next(model.parameters()).device
-    lowering = choose_lowering(device, lowering)
-    check_supported(model, lowering)
-    batch = batch.to(device)
+    lowering = resolve_lowering(model, device, lowering, batch)
+    return _packed_hidden(model, batch.to(device), lowering, effective_windows(model, batch))
+
+
+def _packed_hidden(model: torch.nn.Module, batch: PackedBatch, lowering: str, windows: list[int | None]
+                   ) -> torch.Tensor:
     base = base_model(model)
     with attn_implementation(model, lowering):
         if lowering == "flash":
@@ -290,16 +535,19 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, lowering: s
             return out.last_hidden_state[0, lay.action_index]
         if lowering == "blocks":
             out = base(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
-                       memopd_spans=block_spans(batch))
+                       memopd_spans=block_spans(batch), memopd_windows=windows)
             return out.last_hidden_state[batch.action_rows, batch.action_cols]
         if lowering == "flex":
             mask, ids, pos = flex_inputs(batch)
         else:
-            mask, ids, pos = additive_mask(batch, next(model.parameters()).dtype), batch.input_ids, batch.position_ids
+            mask, ids, pos = dense_masks(model, batch, next(model.parameters()).dtype, windows), batch.input_ids, \
+                batch.position_ids
         out = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         return out.last_hidden_state[batch.action_rows, batch.action_cols]
 
 
-__all__ = ["LOWERINGS", "FlashLayout", "additive_mask", "allowed_mask", "attn_implementation", "base_model",
-           "block_spans", "blockwise_attention", "check_supported", "choose_lowering", "flash_layout", "flex_inputs",
-           "packed_hidden_states", "token_prefix"]
+__all__ = ["LOWERINGS", "FlashLayout", "UnsupportedLoweringError", "additive_mask", "allowed_mask",
+           "attn_implementation", "base_model", "block_spans", "blockwise_attention", "blocks_supported", "call_index",
+           "check_supported", "choose_lowering", "dense_masks", "effective_windows", "flash_layout", "flex_inputs",
+           "layer_windows", "packed_hidden_states", "preferred_lowerings", "resolve_lowering", "token_prefix",
+           "verify_lowering"]

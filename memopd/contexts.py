@@ -76,9 +76,13 @@ class Unit:
 
 
 def temperature_of(inv: Invocation) -> float:
-    """The sampling temperature the record's log-probs refer to (missing or <= 0: 1.0, i.e.
-    greedy/unspecified calls are scored at temperature 1)."""
-    t = inv.sampling.get("temperature", 1.0) if inv.sampling else 1.0
+    """The temperature the record's log-probs refer to: 1.0 for a greedy call (arg-max sampling
+    records log-probs at temperature 1, whatever temperature its settings carry) or a missing /
+    non-positive one, else the sampling temperature."""
+    sampling = inv.sampling or {}
+    if sampling.get("greedy"):
+        return 1.0
+    t = sampling.get("temperature", 1.0)
     try:
         t = float(t)
     except (TypeError, ValueError):

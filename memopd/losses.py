@@ -8,11 +8,10 @@ their sum.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+
+from memopd.scoring import ActionStates, map_chunks
 
 DIVERGENCES = ("rkl", "fkl", "jsd")
 
@@ -40,8 +39,9 @@ def ppo_policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torc
     loss = masked_mean(-torch.minimum(unclipped, clipped), weights)
     with torch.no_grad():
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), weights)
-        # k3 estimator of KL(old || new), non-negative and low-variance
-        approx_kl = masked_mean(torch.exp(-log_ratio) - 1.0 + log_ratio, weights)
+        # k3 estimator of KL(old || new) from samples of old: (r - 1) - log r, r = p_new / p_old;
+        # non-negative and unbiased (Schulman, "Approximating KL divergence")
+        approx_kl = masked_mean((ratio - 1.0) - log_ratio, weights)
     return loss, {"clip_frac": clipfrac.item(), "approx_kl": approx_kl.item()}
 
 
@@ -124,16 +124,16 @@ def divergence_from_logprobs(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: s
     raise ValueError(f"unknown divergence {kind!r}; choose one of {DIVERGENCES}")
 
 
-def divergence_from_states(student: Any, teacher: Any, kind: str = "rkl", chunk_size: int = 1024) -> torch.Tensor:
-    """Full-vocabulary divergence per action token from two ``memopd.scoring.ActionStates``
-    (hidden states gathered at the same N action positions, plus each model's head, temperature
-    and logit post-processing). Differentiable with respect to the student only; chunked and
-    recomputed in backward, so memory stays at O(chunk_size * V). Returns [N]."""
+def divergence_from_states(student: ActionStates, teacher: ActionStates, kind: str = "rkl",
+                           chunk_size: int = 1024) -> torch.Tensor:
+    """Full-vocabulary divergence per action token from two :class:`memopd.scoring.ActionStates`
+    (hidden states gathered at the same N action positions, plus each model's output head and
+    temperatures). Differentiable with respect to the student only; chunked and recomputed in
+    backward, so memory stays at O(chunk_size * V). Returns [N]."""
     if len(student) != len(teacher):
         raise ValueError(f"student has {len(student)} action states, teacher {len(teacher)}; "
                          "score the same episodes (teacher.select(batch.action_uid) for minibatches)")
-
-    t_device = next(teacher.head.parameters()).device  # the teacher may live on another device
+    t_device = teacher.head.device  # the teacher may live on another device
 
     def fn(hs: torch.Tensor, ts: torch.Tensor, ht: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
         logp_s = F.log_softmax(student.logits(hs, ts), dim=-1)
@@ -144,16 +144,9 @@ def divergence_from_states(student: Any, teacher: Any, kind: str = "rkl", chunk_
                              "logits); full-vocabulary distillation needs the same tokenizer")
         return divergence_from_logprobs(logp_s, logp_t, kind)
 
-    h_t = teacher.hidden.detach()
-    out = []
-    for start in range(0, len(student), chunk_size):
-        sl = slice(start, start + chunk_size)
-        args = (student.hidden[sl], student.temperatures[sl], h_t[sl], teacher.temperatures[sl])
-        if torch.is_grad_enabled() and student.hidden.requires_grad:
-            out.append(checkpoint(fn, *args, use_reentrant=False))
-        else:
-            out.append(fn(*args))
-    return torch.cat(out) if out else student.hidden.new_zeros(0)
+    tensors = (student.hidden, student.temperatures, teacher.hidden.detach(), teacher.temperatures)
+    parts = map_chunks(fn, tensors, chunk_size)
+    return torch.cat(parts) if parts else student.hidden.new_zeros(0)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

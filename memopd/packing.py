@@ -139,6 +139,12 @@ def min_budget(units: Sequence[Unit]) -> int:
     return max((len(u.prefix_ids) + len(b) for u in units for b in u.blocks), default=1)
 
 
+def fitting_budget(episodes: Sequence[Episode | Sequence[Invocation]], mode: str, max_tokens: int) -> int:
+    """``max_tokens``, raised if needed so the longest invocation (or persistent transcript, which
+    cannot be split) fits one row."""
+    return max(max_tokens, min_budget(build_units(episodes, mode)))
+
+
 def place_units(units: Sequence[Unit], capacity: int) -> list[list[Unit]]:
     """Rows of unit pieces: best-fit decreasing, splitting a unit that fits no row whole.
 
@@ -307,5 +313,5 @@ def pack_episodes(episodes: Sequence[Episode | Sequence[Invocation]], max_tokens
                       mode=mode, balance=balance)
 
 
-__all__ = ["Block", "PackedBatch", "PackingError", "Segment", "Unit", "min_budget", "pack_episodes",
+__all__ = ["Block", "PackedBatch", "PackingError", "Segment", "Unit", "fitting_budget", "min_budget", "pack_episodes",
            "pack_units", "place_balanced", "place_units"]

@@ -15,8 +15,8 @@ enumerate action tokens in the same canonical order, so student and teacher resu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agents.records import ROLES, Episode, Invocation
 from memopd.attention import packed_hidden_states
-from memopd.losses import divergence_from_states
+from memopd.heads import OutputHead, output_head
 from memopd.packing import PackedBatch, pack_episodes
 
 
@@ -33,10 +33,14 @@ class ActionStates:
     """Final hidden states at the action gather positions, and how to turn them into logits."""
 
     hidden: torch.Tensor  # [N, H]; differentiable when computed with grad
-    head: torch.nn.Module  # the LM head (hidden -> vocab logits)
+    head: OutputHead | torch.nn.Module  # hidden -> logits as the model's forward computes them
     temperatures: torch.Tensor  # [N]; logits are divided by these (1.0 = raw logits)
-    softcap: float | None = None  # final logit soft-capping (Gemma-2 style), if the model uses it
+    softcap: float | None = None  # only with a bare nn.Module head: final logit soft-capping
     vocab_size: int | None = None  # keep the first vocab_size columns (teacher/student with padded vocabs)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.head, OutputHead):  # a bare LM head (e.g. in a benchmark)
+            self.head, self.softcap = OutputHead(self.head, softcap=self.softcap), None
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
@@ -44,43 +48,44 @@ class ActionStates:
     def select(self, index: torch.Tensor) -> "ActionStates":
         """States of a subset of actions, e.g. ``teacher.select(micro_batch.action_uid)``."""
         index = index.to(self.hidden.device)
-        return ActionStates(self.hidden[index], self.head, self.temperatures[index], self.softcap, self.vocab_size)
+        return replace(self, hidden=self.hidden[index], temperatures=self.temperatures[index])
+
+    def detach(self) -> "ActionStates":
+        """The same states cut from the autograd graph (a teacher's, computed once per step)."""
+        return replace(self, hidden=self.hidden.detach())
 
     def logits(self, hidden: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-        """[n, V] temperature-scaled logits of a chunk of hidden states."""
+        """[n, V] temperature-scaled float32 logits of a chunk of hidden states."""
         z = self.head(hidden)
         if self.vocab_size is not None:
             z = z[:, : self.vocab_size]
-        z = z.float()
-        if self.softcap:
-            z = torch.tanh(z / self.softcap) * self.softcap
         return z / temperatures[:, None].to(z)
 
 
-def _chunks(n: int, size: int) -> Iterable[slice]:
-    if size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {size}")
-    return (slice(i, min(i + size, n)) for i in range(0, n, size))
-
-
-def _maybe_checkpoint(fn: Callable, *args: torch.Tensor):
-    """Recompute a chunk's full-vocab tensors in backward instead of keeping them alive."""
-    if torch.is_grad_enabled() and any(a.requires_grad for a in args if isinstance(a, torch.Tensor)):
-        return checkpoint(fn, *args, use_reentrant=False)
-    return fn(*args)
-
-
-def logit_config(model: torch.nn.Module) -> dict:
-    """How a model post-processes logits beyond its LM head (soft-capping)."""
-    return {"softcap": getattr(model.config, "final_logit_softcapping", None)}
+def map_chunks(fn: Callable[..., Any], tensors: Sequence[torch.Tensor], chunk_size: int) -> list[Any]:
+    """``fn`` over row chunks of ``tensors`` (all ``[N, ...]``): the one chunk loop of every
+    full-vocabulary computation. With grad enabled and a tensor requiring it, each chunk is
+    checkpointed, so its ``[chunk, V]`` tensors are recomputed in backward instead of kept alive."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    n = tensors[0].shape[0] if tensors else 0
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    out = []
+    for i in range(0, n, chunk_size):
+        args = [t[i:i + chunk_size] for t in tensors]
+        out.append(checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args))
+    return out
 
 
 def action_states(model: torch.nn.Module, batch: PackedBatch, *, lowering: str | None = None,
                   apply_temperature: bool = True, vocab_size: int | None = None) -> ActionStates:
-    """Run ``model`` on the packed batch and keep the hidden states at its action positions."""
+    """Run ``model`` on the packed batch and keep the hidden states at its action positions. The
+    head reproduces what the model's forward does after its decoder (checked once per model;
+    :func:`memopd.heads.output_head`)."""
+    head = output_head(model)
     hidden = packed_hidden_states(model, batch, lowering)
     temps = batch.temperatures.to(hidden.device) if apply_temperature else torch.ones(len(hidden), device=hidden.device)
-    return ActionStates(hidden, model.get_output_embeddings(), temps, vocab_size=vocab_size, **logit_config(model))
+    return ActionStates(hidden, head, temps, vocab_size=vocab_size)
 
 
 def token_logprobs(states: ActionStates, targets: torch.Tensor, *, chunk_size: int = 1024,
@@ -91,28 +96,12 @@ def token_logprobs(states: ActionStates, targets: torch.Tensor, *, chunk_size: i
     def chunk(h: torch.Tensor, t: torch.Tensor, y: torch.Tensor):
         logp = F.log_softmax(states.logits(h, t), dim=-1)
         ent = -(logp.exp() * logp).sum(-1)
-        return logp.gather(-1, y[:, None])[:, 0], ent, logp
+        return (logp.gather(-1, y[:, None])[:, 0], ent) + ((logp,) if full_logdist else ())
 
-    lps, ents, dists = [], [], []
-    for sl in _chunks(len(states), chunk_size):
-        args = (states.hidden[sl], states.temperatures[sl], targets[sl])
-        if full_logdist:
-            lp, ent, logp = chunk(*args)
-            dists.append(logp)
-        else:
-            lp, ent = _maybe_checkpoint(lambda *a: chunk(*a)[:2], *args)
-        lps.append(lp)
-        ents.append(ent)
+    parts = map_chunks(chunk, (states.hidden, states.temperatures, targets), chunk_size)
     empty = states.hidden.new_zeros(0)
-    return (torch.cat(lps) if lps else empty, torch.cat(ents) if ents else empty,
-            torch.cat(dists) if full_logdist and dists else None)
-
-
-def reverse_kl(student: ActionStates, teacher: ActionStates, *, chunk_size: int = 1024) -> torch.Tensor:
-    """[N] full-vocabulary KL(p_student || p_teacher) per action token, in chunks; differentiable
-    with respect to the student (the teacher is detached). See
-    :func:`memopd.losses.divergence_from_states` for the other divergences."""
-    return divergence_from_states(student, teacher, "rkl", chunk_size)
+    cat = lambda k: torch.cat([p[k] for p in parts]) if parts else empty  # noqa: E731
+    return cat(0), cat(1), ((cat(2) if parts else None) if full_logdist else None)
 
 
 @dataclass
@@ -156,5 +145,5 @@ def score_episodes(model: torch.nn.Module, episodes: Sequence[Episode | Sequence
     return score(model, batch, lowering=lowering, chunk_size=chunk_size, full_logdist=full_logdist)
 
 
-__all__ = ["ActionStates", "TokenScores", "action_states", "episode_states", "reverse_kl", "score",
-           "score_episodes", "token_logprobs"]
+__all__ = ["ActionStates", "TokenScores", "action_states", "episode_states", "map_chunks", "score", "score_episodes",
+           "token_logprobs"]

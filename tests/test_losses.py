@@ -99,19 +99,11 @@ def test_divergence_zero_for_identical_distributions():
         assert d.abs().max().item() < 1e-6
 
 
-class _States:
-    """What divergence_from_states reads of memopd.scoring.ActionStates: hidden states at the
-    action positions, the output head, temperatures, and logits()."""
+def _States(hidden, head, temperature):
+    """memopd.scoring.ActionStates over a bare LM head (no post-head steps) at one temperature."""
+    from memopd.scoring import ActionStates
 
-    def __init__(self, hidden, head, temperature):
-        self.hidden, self.head = hidden, head
-        self.temperatures = torch.full((hidden.shape[0],), temperature)
-
-    def __len__(self):
-        return self.hidden.shape[0]
-
-    def logits(self, h, t):
-        return self.head(h) / t[:, None]
+    return ActionStates(hidden, head, torch.full((hidden.shape[0],), temperature))
 
 
 @pytest.mark.parametrize("kind", ["rkl", "fkl", "jsd"])

@@ -7,7 +7,12 @@ import torch.nn.functional as F
 from torch.distributions import Categorical, kl_divergence
 
 from memopd.packing import pack_episodes
-from memopd.scoring import action_states, episode_states, reverse_kl, score, token_logprobs
+from memopd.losses import divergence_from_states
+from memopd.scoring import action_states, episode_states, score, token_logprobs
+
+
+def reverse_kl(student, teacher, chunk_size=1024):
+    return divergence_from_states(student, teacher, "rkl", chunk_size)
 from packing_fixtures import (HARD_CASE_BUDGET, hard_case_episodes, one_thread, sample_episode,  # noqa: F401
                               tiny_model)
 
