@@ -78,3 +78,24 @@ def test_teacher_shift_is_the_full_vocab_kl_between_the_two_contexts(setup):
     turns = torch.tensor([eps[e].invocations[i].turn for e, i, _ in batch.token_map.tolist()])
     for t in range(TURNS + 1):
         assert abs(float(kl[turns == t].mean()) - rows[t].mean_gap) <= 1e-5
+
+
+def test_greedy_records_are_rescored_at_temperature_one(tiny):
+    """A greedy call records log-probs at T = 1 whatever temperature its settings carry; scoring
+    must use T = 1 too (it used the settings' temperature: ~1 nat off at T = 0.5)."""
+    import gymnasium as gym
+
+    import memgym  # noqa: F401
+    from agents import MemAgent
+    from agents.backends import HFBackend, SamplingParams
+    from agents.rollout import rollout
+    from memopd.packing import pack_episodes
+
+    model, tok = tiny
+    envs = [gym.make("memgym/LongQA-v0", split="test", tokenizer=tok) for _ in range(2)]
+    agent = MemAgent(HFBackend(model, tok), SamplingParams(temperature=0.5, greedy=True, max_new_tokens=8))
+    eps = rollout(envs, agent, 2, seed=0, progress=False)
+    assert all(inv.sampling["greedy"] and inv.sampling["temperature"] == 0.5 for e in eps for inv in e.invocations)
+    assert (pack_episodes(eps).temperatures == 1.0).all()
+    rep = state_alignment(model, eps, modes=("aligned",))
+    assert rep.aligned_ok, rep.table()

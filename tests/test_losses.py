@@ -146,3 +146,14 @@ def test_value_loss_clipping():
     # token 0: unclipped err 1, clipped value 0.2 -> err 0.04 -> max 1; token 1: err 1
     assert losses.value_loss(v, v_old, R, w, 0.2).item() == pytest.approx(0.5 * (1 + 1) / 2)
     assert losses.value_loss(v, v_old, R, w, None).item() == pytest.approx(0.5)
+
+
+def test_approx_kl_is_the_k3_estimate_of_kl_old_new():
+    """Weighting every token by its old probability turns the sample mean into the expectation
+    under the old policy, where k3 = (r - 1) - log r is exactly KL(old || new)."""
+    torch.manual_seed(0)
+    old = torch.log_softmax(torch.randn(50) * 2, -1)
+    new = torch.log_softmax(torch.randn(50) * 2, -1)
+    _, stats = losses.ppo_policy_loss(new, old, torch.zeros(50), old.exp())
+    exact = float((old.exp() * (old - new)).sum())
+    assert stats["approx_kl"] == pytest.approx(exact, rel=1e-5)
