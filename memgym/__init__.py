@@ -12,7 +12,8 @@ from typing import Any
 import gymnasium as gym
 
 from memgym.data import Document, Sample, TaskDataError
-from memgym.errors import EpisodeEndedError, MemgymError, ResetNeededError, TaskConfigError, UnknownEnvError
+from memgym.errors import (EpisodeEndedError, MemgymError, ResetNeededError, TaskConfigError, TaskShadowedWarning,
+                           UnknownEnvError)
 from memgym.registry import ListSource, list_envs, load_task, register_tasks, resolve_id
 
 __version__ = "0.1.0"
@@ -29,4 +30,4 @@ def make(env_id: str = "memgym/LongQA-v0", **kwargs: Any) -> gym.Env:
 register_tasks()
 
 __all__ = ["Document", "Sample", "TaskDataError", "EpisodeEndedError", "MemgymError", "ResetNeededError",
-           "TaskConfigError", "UnknownEnvError", "ListSource", "list_envs", "load_task", "make", "register_tasks", "resolve_id"]
+           "TaskConfigError", "TaskShadowedWarning", "UnknownEnvError", "ListSource", "list_envs", "load_task", "make", "register_tasks", "resolve_id"]

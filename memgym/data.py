@@ -99,14 +99,25 @@ def sample_to_dict(sample: Sample) -> dict[str, Any]:
     }
 
 
+def decode_line(data: bytes, path: str | Path, lineno: int) -> str:
+    """One line of a JSONL file as text; raises :class:`TaskDataError` naming the file and line
+    when it is not UTF-8 (a binary file, or another encoding)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskDataError(f"{path}:{lineno}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at column "
+                            f"{exc.start + 1}); expected UTF-8 JSONL, one JSON object per line") from None
+
+
 def load_jsonl_samples(path: str | Path) -> list[Sample]:
     """Load and validate a task's JSONL file; raises :class:`TaskDataError` naming file and line."""
     path = Path(path)
     if not path.is_file():
         raise TaskDataError(f"{path}: data file not found")
     samples, seen = [], {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, data in enumerate(fh, start=1):
+            raw = decode_line(data, path, lineno)
             if not raw.strip():
                 continue
             try:

@@ -27,5 +27,9 @@ class UnknownEnvError(MemgymError, NameNotFound):
     """An env or task id that is not registered; the message lists the available ids."""
 
 
+class TaskShadowedWarning(UserWarning):
+    """A task folder gives an id that an earlier-scanned folder gives too, and replaces it."""
+
+
 __all__ = ["MemgymError", "EpisodeEndedError", "ResetNeededError", "TaskConfigError", "TaskDataError",
-           "UnknownEnvError"]
+           "TaskShadowedWarning", "UnknownEnvError"]

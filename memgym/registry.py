@@ -13,12 +13,19 @@ A task is a folder holding a ``task.toml``::
     chunk_size = 128
     [source_kwargs]            # default kwargs for make_source (generated tasks)
     hops = 1
+    # splits = ["train", "test"]   # splits a generated task accepts (this is the default)
 
 (TOML cannot hold both ``source = "..."`` and a ``[source]`` table, hence ``[source_kwargs]``.)
 
-Folders are searched in every directory of ``$MEMGYM_TASKS`` (``os.pathsep``-separated), then
-``./tasks``, then the ``tasks/`` folder next to the memgym package; the first folder giving an
-id wins. ``import memgym`` registers all of them.
+Folders are scanned in this order: the built-in tasks (``memgym/builtin_tasks`` in an installed
+wheel, the repository's ``tasks/`` in a source checkout), then ``./tasks``, then every directory
+of ``$MEMGYM_TASKS`` (``os.pathsep``-separated) in order. A later folder giving an id already
+given shadows the earlier one, with one :class:`TaskShadowedWarning` naming both folders.
+``import memgym`` registers all of them.
+
+A task folder is code, like any plugin: its ``generator.py`` runs when its env is made. Relative
+``source`` and ``data`` paths must stay inside the folder; an absolute path or an importable
+module is an explicit choice and is followed.
 
 Sizing protocol: a ``make_source`` that names any of the parameters ``chunk_size``,
 ``num_chunks``, ``context_length`` or ``counter`` receives the environment's values for them,
@@ -28,6 +35,7 @@ so it can size its input (LongQA plans its documents to fill exactly ``num_chunk
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 import importlib.util
 import inspect
 import os
@@ -40,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from memgym.data import Sample, load_jsonl_samples
-from memgym.errors import TaskConfigError, UnknownEnvError
+from memgym.errors import TaskConfigError, TaskShadowedWarning, UnknownEnvError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,12 +58,25 @@ else:  # pragma: no cover
 NAMESPACE = "memgym"
 ENTRY_POINT = "memgym.env:MemoryQAEnv"
 SIZING_KWARGS = ("chunk_size", "num_chunks", "context_length", "counter")
-# Keys allowed in a task.toml [env] table, with their expected types.
-ENV_KEYS: dict[str, tuple[type, ...]] = {
-    "split": (str,), "chunk_size": (int,), "num_chunks": (int,), "context_length": (int,),
-    "memory_budget": (int,), "tokenizer": (str,), "scorer": (str,), "max_text_length": (int,),
-    "hotpot_rules": (bool,),
+# The one list of environment settings: name -> (default, types a task.toml [env] table may
+# give). A task's [env] table overrides the defaults, make kwargs override both; every other
+# make kwarg goes to the task's make_source. ``env.ENV_DEFAULTS`` and ``ENV_KEYS`` derive from it.
+ENV_SETTINGS: dict[str, tuple[Any, tuple[type, ...]]] = {
+    "split": ("train", (str,)),
+    "chunk_size": (256, (int,)),
+    "num_chunks": (None, (int,)),
+    "context_length": (None, (int,)),
+    "memory_budget": (64, (int,)),
+    "tokenizer": (None, (str,)),
+    "scorer": ("f1", (str,)),
+    "max_text_length": (1 << 20, (int,)),
+    "hotpot_rules": (False, (bool,)),
+    "data_seed": (0, (int,)),
 }
+# Keys allowed in a task.toml [env] table, with their expected types.
+ENV_KEYS: dict[str, tuple[type, ...]] = {key: types for key, (_, types) in ENV_SETTINGS.items()}
+# Splits a generated task accepts unless its task.toml says otherwise (``splits = [...]``).
+DEFAULT_SPLITS = ("train", "test")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -109,6 +130,7 @@ class TaskSpec:
     data: dict[str, str] = field(default_factory=dict)  # split -> file ("*" = every split)
     env: dict[str, Any] = field(default_factory=dict)
     source_kwargs: dict[str, Any] = field(default_factory=dict)
+    splits: tuple[str, ...] = DEFAULT_SPLITS  # the splits a generated task accepts
 
     @property
     def id(self) -> str:
@@ -131,8 +153,19 @@ class TaskSpec:
             raise TaskConfigError(f"{self.config_path}: key 'source': {target} has no callable {attr!r}")
         return factory
 
+    def check_split(self, split: Any) -> None:
+        """Raise ``ValueError`` for a split the task does not have (before any code of it runs)."""
+        if not isinstance(split, str):
+            raise TypeError(f"split must be a string such as 'train' or 'test', got {split!r}")
+        known = self.splits if self.source is not None else tuple(sorted(self.data))
+        if "*" not in known and split not in known:
+            where = "splits" if self.source is not None else "[data]"
+            raise ValueError(f"task {self.name} has no split {split!r}; its splits are {list(known)} "
+                             f"(see {where} in {self.config_path})")
+
     def make_source(self, split: str, seed: int = 0, **kwargs: Any) -> SampleSource:
         """The task's samples for ``split``; sizing kwargs reach only sources that name them."""
+        self.check_split(split)
         if self.source is None:
             if kwargs:
                 raise TypeError(f"task {self.name} reads its samples from data files; it takes no source "
@@ -150,10 +183,7 @@ class TaskSpec:
         return self.source is not None and name in inspect.signature(self.source_factory()).parameters
 
     def _data_source(self, split: str) -> SampleSource:
-        file = self.data.get(split, self.data.get("*"))
-        if file is None:
-            raise ValueError(f"task {self.name} has no split {split!r}; its splits are {sorted(self.data)} "
-                             f"(see [data] in {self.config_path})")
+        file = self.data[split] if split in self.data else self.data["*"]  # check_split ran
         path = (self.folder / file).resolve()
         return _load_jsonl(str(path), path.stat().st_mtime_ns if path.exists() else 0)
 
@@ -181,6 +211,27 @@ def _expect(ok: bool, path: Path, key: str, msg: str) -> None:
         raise TaskConfigError(f"{path}: key '{key}': {msg}")
 
 
+def _expect_inside(file: str, path: Path, key: str) -> None:
+    """A relative path in a task.toml may not climb out of its folder; an absolute one is explicit."""
+    if os.path.isabs(file):
+        return
+    parts = Path(os.path.normpath(file)).parts
+    _expect(not parts or parts[0] != os.pardir, path, key,
+            f"{file!r} climbs out of the task folder; move the file into the folder, or give an absolute "
+            f"path (or an importable 'package.module:function') to use a file elsewhere on purpose")
+
+
+def _load_splits(raw: dict[str, Any], path: Path, generated: bool) -> tuple[str, ...]:
+    if "splits" not in raw:
+        return DEFAULT_SPLITS
+    splits = raw["splits"]
+    _expect(generated, path, "splits", "only a generated task ('source') takes 'splits'; a data task's "
+            "splits are the keys of its [data] table")
+    _expect(isinstance(splits, list) and bool(splits) and all(isinstance(x, str) and x for x in splits), path,
+            "splits", f"must be a non-empty list of split names such as [\"train\", \"test\"], got {splits!r}")
+    return tuple(splits)
+
+
 def load_task(folder: str | Path) -> TaskSpec:
     """Read and validate ``folder/task.toml``; raises :class:`TaskConfigError` naming file and key."""
     folder = Path(folder)
@@ -191,7 +242,7 @@ def load_task(folder: str | Path) -> TaskSpec:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise TaskConfigError(f"{path}: invalid TOML: {exc}") from None
-    allowed = {"name", "version", "description", "source", "data", "env", "source_kwargs"}
+    allowed = {"name", "version", "description", "source", "data", "env", "source_kwargs", "splits"}
     for key in raw:
         _expect(key in allowed, path, key, f"unknown key; allowed keys are {sorted(allowed)}")
     name = raw.get("name")
@@ -209,6 +260,7 @@ def load_task(folder: str | Path) -> TaskSpec:
                 " (default kwargs for it go in a [source_kwargs] table)")
         file = source.split(":")[0]
         if file.endswith(".py"):
+            _expect_inside(file, path, "source")
             _expect((folder / file).is_file(), path, "source", f"file {file!r} not found in {folder}")
     source_kwargs = raw.get("source_kwargs", {})
     _expect(isinstance(source_kwargs, dict), path, "source_kwargs", "must be a table [source_kwargs]")
@@ -226,7 +278,9 @@ def load_task(folder: str | Path) -> TaskSpec:
             "give exactly one of 'source' (a generator) or 'data' (JSONL files)")
     for split, file in data_files.items():
         key = "data" if split == "*" else f"data.{split}"
+        _expect_inside(file, path, key)
         _expect((folder / file).is_file(), path, key, f"file {file!r} not found in {folder}")
+    splits = _load_splits(raw, path, source is not None)
     env = raw.get("env", {})
     _expect(isinstance(env, dict), path, "env", "must be a table [env]")
     for key, value in env.items():
@@ -236,13 +290,25 @@ def load_task(folder: str | Path) -> TaskSpec:
                 and not (isinstance(value, bool) and bool not in types), path, f"env.{key}",
                 f"must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
     return TaskSpec(name=name, version=version, folder=folder.resolve(), description=description, source=source,
-                    data=data_files, env=dict(env), source_kwargs=source_kwargs)
+                    data=data_files, env=dict(env), source_kwargs=source_kwargs, splits=splits)
+
+
+def builtin_tasks_dir() -> Path:
+    """The built-in task folders: shipped inside the installed package (a wheel puts the
+    repository's ``tasks/`` at ``memgym/builtin_tasks``), else a source checkout's ``tasks/``."""
+    shipped = importlib.resources.files(__package__).joinpath("builtin_tasks")
+    if isinstance(shipped, Path) and shipped.is_dir():
+        return shipped
+    return Path(__file__).resolve().parent.parent / "tasks"
 
 
 def search_path() -> list[Path]:
-    """Directories searched for task folders, in priority order."""
-    dirs = [Path(p) for p in os.environ.get("MEMGYM_TASKS", "").split(os.pathsep) if p]
-    dirs += [Path.cwd() / "tasks", Path(__file__).resolve().parent.parent / "tasks"]
+    """Directories scanned for task folders, in order: built-in, ``./tasks``, ``$MEMGYM_TASKS``.
+
+    A later directory shadows an earlier one for an id both give; a directory listed twice is
+    scanned once, at its first place."""
+    dirs = [builtin_tasks_dir(), Path.cwd() / "tasks"]
+    dirs += [Path(p) for p in os.environ.get("MEMGYM_TASKS", "").split(os.pathsep) if p]
     seen, out = set(), []
     for d in dirs:
         key = d.resolve() if d.exists() else d
@@ -255,10 +321,23 @@ def search_path() -> list[Path]:
 # Registered tasks (id -> spec) and folders that failed to load (path -> error message).
 TASKS: dict[str, TaskSpec] = {}
 BROKEN: dict[str, str] = {}
+# (id, shadowed folder, shadowing folder) already warned about: each is said once.
+_SHADOWS_WARNED: set[tuple[str, Path, Path]] = set()
+
+
+def _warn_shadow(task_id: str, earlier: Path, later: Path) -> None:
+    if (task_id, earlier, later) in _SHADOWS_WARNED:
+        return
+    _SHADOWS_WARNED.add((task_id, earlier, later))
+    warnings.warn(f"memgym: task folder {later} shadows {earlier}: {task_id} now runs the task in {later} "
+                  f"(rename its 'name' or remove the folder to use {earlier})", TaskShadowedWarning, stacklevel=3)
 
 
 def discover_tasks(dirs: list[Path] | None = None) -> tuple[dict[str, TaskSpec], dict[str, str]]:
-    """Find every task folder; returns ``(specs by id, errors by folder)``."""
+    """Find every task folder; returns ``(specs by id, errors by folder)``.
+
+    Directories are scanned in order and a later folder shadows an earlier one for the same id,
+    with one :class:`TaskShadowedWarning` naming both folders."""
     specs: dict[str, TaskSpec] = {}
     errors: dict[str, str] = {}
     for d in search_path() if dirs is None else dirs:
@@ -270,7 +349,9 @@ def discover_tasks(dirs: list[Path] | None = None) -> tuple[dict[str, TaskSpec],
             except TaskConfigError as exc:
                 errors[str(folder)] = str(exc)
                 continue
-            specs.setdefault(spec.id, spec)  # earlier directories win
+            if spec.id in specs and specs[spec.id].folder != spec.folder:
+                _warn_shadow(spec.id, specs[spec.id].folder, spec.folder)
+            specs[spec.id] = spec
     return specs, errors
 
 
@@ -278,7 +359,9 @@ def register_tasks(dirs: list[str | Path] | None = None) -> list[str]:
     """(Re)scan task folders and register each as a Gymnasium env; returns the new ids.
 
     Folders that fail validation are skipped with a warning (their error is kept and shown
-    when their id is requested), so one broken task does not break ``import memgym``.
+    when their id is requested), so one broken task does not break ``import memgym``. A
+    folder giving an id already registered from another folder replaces it, with one
+    :class:`TaskShadowedWarning` naming both folders.
     """
     import gymnasium as gym
 
@@ -289,10 +372,12 @@ def register_tasks(dirs: list[str | Path] | None = None) -> list[str]:
     BROKEN.update(errors)
     new = []
     for task_id, spec in specs.items():
-        if task_id in TASKS and TASKS[task_id].folder == spec.folder:
+        old = TASKS.get(task_id)
+        if old is not None and old.folder == spec.folder:
             continue
-        if task_id in TASKS:  # an earlier scan already registered this id from another folder
-            continue
+        if old is not None:
+            _warn_shadow(task_id, old.folder, spec.folder)
+            gym.registry.pop(task_id, None)  # replaced on purpose: no gymnasium "overriding" warning
         TASKS[task_id] = spec
         gym.register(id=task_id, entry_point=ENTRY_POINT, kwargs={"task_dir": str(spec.folder)})
         new.append(task_id)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -177,3 +178,104 @@ def test_a_broken_folder_is_skipped_with_a_warning_and_reported(tmp_path):
         register_tasks([tmp_path])
     with pytest.raises(memgym.UnknownEnvError, match=f"failed to load.*{name}"):
         memgym.make(f"memgym/{name}-v0")
+
+
+def test_env_settings_are_one_list_and_data_seed_is_accepted_in_task_toml(tmp_path):
+    from memgym.env import ENV_DEFAULTS
+    from memgym.registry import ENV_KEYS
+
+    assert set(ENV_KEYS) == set(ENV_DEFAULTS)
+    name = unique("Seeded")
+    write_data_task(tmp_path, name, "[env]\ndata_seed = 3\n")
+    assert load_task(tmp_path / name).env == {"data_seed": 3}
+
+
+def write_gen_task(root: Path, name: str, extra: str = "") -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "task.toml").write_text(f'name = "{name}"\nsource = "generator.py:make_source"\n{extra}')
+    (folder / "generator.py").write_text(textwrap.dedent(f"""
+        from memgym import Document, ListSource, Sample
+
+        def make_source(split, seed):
+            return ListSource([Sample(id="a", question="Which split?", answers=[split],
+                                      documents=[Document("t", "from {root.name}")])])
+    """))
+    return folder
+
+
+def test_a_later_folder_shadows_an_earlier_one_with_one_warning_naming_both(tmp_path):
+    name = unique("Twin")
+    first, second = write_gen_task(tmp_path / "a", name), write_gen_task(tmp_path / "b", name)
+    with pytest.warns(memgym.TaskShadowedWarning) as record:
+        register_tasks([tmp_path / "a", tmp_path / "b"])
+    assert len(record) == 1
+    assert str(first.resolve()) in str(record[0].message) and str(second.resolve()) in str(record[0].message)
+    _, info = gym.make(f"memgym/{name}-v0").reset(seed=0)
+    assert "from b" in info["chunk"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        register_tasks([tmp_path / "a", tmp_path / "b"])  # said once
+
+
+def test_a_tasks_folder_in_the_working_directory_shadowing_a_builtin_says_so(tmp_path):
+    write_data_task(tmp_path / "tasks", "LongQA")
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import gymnasium as gym, memgym\n"
+            "print(gym.make('memgym/LongQA-v0').reset(options={'sample_id': 'q1'})[1]['question'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "MEMGYM_TASKS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Where does Ada live?"  # ./tasks comes after the built-in tasks
+    assert out.stderr.count("TaskShadowedWarning") == 1
+    assert str(tmp_path / "tasks" / "LongQA") in out.stderr and str(REPO / "tasks" / "LongQA") in out.stderr
+
+
+@pytest.mark.parametrize("toml,key", [
+    ('source = "../elsewhere.py:make_source"\n', "'source'"),
+    ('data = "../outside.jsonl"\n', "'data'"),
+    ('data = "sub/../../outside.jsonl"\n', "'data'"),
+    ('[data]\ntrain = "../outside.jsonl"\n', "'data.train'"),
+])
+def test_relative_paths_may_not_climb_out_of_the_task_folder(tmp_path, toml, key):
+    (tmp_path / "elsewhere.py").write_text("def make_source(split, seed):\n    raise SystemExit('ran')\n")
+    (tmp_path / "outside.jsonl").write_text(json.dumps(SAMPLES[0]) + "\n")
+    folder = tmp_path / "Task"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "task.toml").write_text(f'name = "Climber"\n{toml}')
+    with pytest.raises(memgym.TaskConfigError, match=f"{key}: .* climbs out of the task folder"):
+        load_task(folder)
+
+
+def test_absolute_data_paths_are_followed_and_bad_files_are_named(tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(json.dumps(SAMPLES[0]) + "\n")
+    name = unique("Abs")
+    folder = tmp_path / "tasks" / name
+    folder.mkdir(parents=True)
+    (folder / "task.toml").write_text(f'name = "{name}"\ndata = "{outside}"\n')
+    register_tasks([tmp_path / "tasks"])
+    assert len(gym.make(f"memgym/{name}-v0").unwrapped.source) == 1  # an absolute path is an explicit choice
+    outside.write_text("just a host name\n")  # e.g. data = "/etc/hostname"
+    with pytest.raises(memgym.TaskDataError, match=f"{outside}:1: invalid JSON"):
+        gym.make(f"memgym/{name}-v0")
+    outside.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe binary\n")
+    with pytest.raises(memgym.TaskDataError, match=f"{outside}:1: not UTF-8 text"):
+        gym.make(f"memgym/{name}-v0")
+
+
+def test_a_generated_task_accepts_only_its_splits(tmp_path):
+    name = unique("Splits")
+    write_gen_task(tmp_path, name, 'splits = ["train", "dev"]\n')
+    register_tasks([tmp_path])
+    _, info = gym.make(f"memgym/{name}-v0", split="dev").reset(seed=0)
+    assert "from" in info["chunk"]
+    with pytest.raises(ValueError, match=r"no split 'test'; its splits are \['train', 'dev'\]"):
+        gym.make(f"memgym/{name}-v0", split="test")
+    assert memgym.registry.get_task("HotpotQA").splits == ("train", "test", "validation", "dev")
+    (tmp_path / "Bad").mkdir()
+    (tmp_path / "Bad" / "data.jsonl").write_text(json.dumps(SAMPLES[0]) + "\n")
+    (tmp_path / "Bad" / "task.toml").write_text('name = "Bad"\ndata = "data.jsonl"\nsplits = ["dev"]\n')
+    with pytest.raises(memgym.TaskConfigError, match="'splits': only a generated task"):
+        load_task(tmp_path / "Bad")
