@@ -14,24 +14,21 @@ import gymnasium as gym
 from memgym.chunking import Chunk, Counter, count_chunks, iter_chunks, make_counter
 from memgym.data import Sample
 from memgym.errors import EpisodeEndedError, ResetNeededError
-from memgym.registry import TaskSpec, get_task, load_task
+from memgym.registry import ENV_SETTINGS, TaskSpec, get_task, load_task
 from memgym.spaces import UnicodeText
 
 SCORERS = ("f1", "em", "sub_em")
-# Environment settings and their defaults; a task's [env] table overrides them, make kwargs
-# override both. Every other make kwarg goes to the task's make_source.
-ENV_DEFAULTS: dict[str, Any] = {
-    "split": "train",
-    "chunk_size": 256,
-    "num_chunks": None,
-    "context_length": None,
-    "memory_budget": 64,
-    "tokenizer": None,
-    "scorer": "f1",
-    "max_text_length": 1 << 20,
-    "hotpot_rules": False,
-    "data_seed": 0,
-}
+# Environment settings and their defaults (the one list is registry.ENV_SETTINGS); a task's
+# [env] table overrides them, make kwargs override both. Every other make kwarg goes to the
+# task's make_source.
+ENV_DEFAULTS: dict[str, Any] = {key: default for key, (default, _) in ENV_SETTINGS.items()}
+# Fewest characters one unit takes in a chunk: a word and the space after it; a token may be one
+# character. A chunk_size above max_text_length // this can never be shown in an observation.
+MIN_CHARS_PER_UNIT = {"words": 2, "tokens": 1}
+RESET_OPTIONS = ("sample_id", "index")
+EMPTY_MEMORY = "(empty)"
+CUT_MARK = " [...]"
+NO_METRICS = {"f1": 0.0, "em": 0.0, "sub_em": 0.0}
 
 
 class MemoryQAEnv(gym.Env[str, str]):
@@ -63,10 +60,11 @@ class MemoryQAEnv(gym.Env[str, str]):
         self.scorer: str = settings["scorer"]
         self.hotpot_rules: bool = settings["hotpot_rules"]
         self.counter: Counter = make_counter(settings["tokenizer"])
+        max_len = settings["max_text_length"]
+        _check_chunk_fits(self.chunk_size, max_len, self.counter.unit)
         self.source = self._make_source(settings, source_kwargs)
         if len(self.source) == 0:
             raise ValueError(f"task {self.task.name} split {self.split!r} has no samples")
-        max_len = settings["max_text_length"]
         self.observation_space = UnicodeText(max_len)
         self.action_space = UnicodeText(max_len)
         self._sample: Sample | None = None
@@ -85,15 +83,15 @@ class MemoryQAEnv(gym.Env[str, str]):
         elif given.get("num_chunks") is not None:
             settings["context_length"] = None
         _check_int(settings, "chunk_size", 1)
-        _check_int(settings, "memory_budget", 0)
+        _check_int(settings, "memory_budget", 1)
+        _check_int(settings, "data_seed", 0)
         _check_int(settings, "max_text_length", 1)
         for key in ("num_chunks", "context_length"):
             if settings[key] is not None:
                 _check_int(settings, key, 1)
         if settings["scorer"] not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {settings['scorer']!r}")
-        if not isinstance(settings["split"], str):
-            raise TypeError(f"split must be a string such as 'train' or 'test', got {settings['split']!r}")
+        self.task.check_split(settings["split"])
         source_kwargs = {**self.task.source_kwargs, **{k: v for k, v in kwargs.items() if k not in ENV_DEFAULTS}}
         return settings, source_kwargs
 
@@ -129,22 +127,17 @@ class MemoryQAEnv(gym.Env[str, str]):
         return self._obs, self._info()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._sample is None:
-            raise ResetNeededError("call env.reset() before env.step()")
-        if self._phase == "done":
-            raise EpisodeEndedError("the episode has ended (the answer was given); call env.reset() to start a new one")
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str (the new memory, or the final answer), got "
-                            f"{type(action).__name__}: {action!r:.80}")
+        self._check_action(action)  # before anything changes: a refused action leaves the episode as it was
         reward = 0.0
         if self._phase == "memory":
-            self._memory, self._memory_size, self._cut = self.counter.cut(action, self.memory_budget)
+            memory, size, cut = self.counter.cut(action, self.memory_budget)
             self._chunk_index += 1
             if self._chunk_index < self._num_chunks:
                 self._chunk = self._next_chunk()
             else:
                 self._end_of_input()
                 self._phase, self._chunk = "answer", ""
+            self._memory, self._memory_size, self._cut = self._fit_memory(memory, size, cut)
         else:
             from memgym.scoring import score_answer  # lazy: the scorer is only needed at the end
 
@@ -162,9 +155,25 @@ class MemoryQAEnv(gym.Env[str, str]):
         return None
 
     # ----------------------------------------------------------------- internals
+    def _check_action(self, action: Any) -> None:
+        if self._sample is None:
+            raise ResetNeededError("call env.reset() before env.step()")
+        if self._phase == "done":
+            raise EpisodeEndedError("the episode has ended (the answer was given); call env.reset() to start a new one")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str (the new memory, or the final answer), got "
+                            f"{type(action).__name__}: {action!r:.80}")
+        if not self.action_space.contains(action):
+            raise ValueError(f"the action has {len(action)} characters, more than the action space's "
+                             f"max_text_length={self.action_space.max_length}; send a shorter action, or make "
+                             f"the env with a larger max_text_length")
+
     def _select(self, options: dict[str, Any] | None) -> int:
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"reset options must be a dict such as {{'sample_id': 'q1'}} or {{'index': 0}}, got "
+                            f"{type(options).__name__} {options!r:.80}")
         options = options or {}
-        unknown = set(options) - {"sample_id", "index"}
+        unknown = set(options) - set(RESET_OPTIONS)
         if unknown:
             raise ValueError(f"unknown reset option(s) {sorted(unknown)}; use 'sample_id' or 'index'")
         if "sample_id" in options and "index" in options:
@@ -194,27 +203,48 @@ class MemoryQAEnv(gym.Env[str, str]):
                                f"expected (the source's chunk plan is wrong)")
         self._chunks = None
 
-    def _observation(self) -> str:
+    def _render(self, phase: str, memory: str, memory_size: int, answer: str = "") -> str:
         unit = self.counter.unit
         head = (f"[{self.task.id} | sample {self._sample.id} | chunk {min(self._chunk_index + 1, self._num_chunks)}"
-                f"/{self._num_chunks} | memory {self._memory_size}/{self.memory_budget} {unit}]")
-        lines = [head, f"Question: {self._sample.question}", "", "Memory:", self._memory or "(empty)", ""]
-        if self._phase == "memory":
+                f"/{self._num_chunks} | memory {memory_size}/{self.memory_budget} {unit}]")
+        lines = [head, f"Question: {self._sample.question}", "", "Memory:", memory or EMPTY_MEMORY, ""]
+        if phase == "memory":
             lines += [f"Chunk {self._chunk_index + 1} of {self._num_chunks}:", self._chunk, "",
                       f"Write your new memory (at most {self.memory_budget} {unit}): keep what you need "
                       f"to answer the question."]
-        elif self._phase == "answer":
+        elif phase == "answer":
             lines += [f"All {self._num_chunks} chunks have been read. Answer the question in a few words."]
         else:
-            m = self._final["metrics"]
-            lines += [f"Your answer: {self._final['prediction']}", f"Gold answer(s): {' | '.join(self._final['answers'])}",
+            m = self._final.get("metrics", NO_METRICS)  # NO_METRICS: same width, to measure before the answer
+            lines += [f"Your answer: {answer}", f"Gold answer(s): {' | '.join(self._sample.answers)}",
                       f"Score: f1={m['f1']:.2f} em={m['em']:.2f} sub_em={m['sub_em']:.2f}"]
-        obs = "\n".join(lines)
-        if len(obs) > self.observation_space.max_length:
-            raise ValueError(f"the observation has {len(obs)} characters, more than max_text_length="
-                             f"{self.observation_space.max_length}; pass a larger max_text_length or a smaller "
-                             f"chunk_size")
+        return "\n".join(lines)
+
+    def _observation(self) -> str:
+        max_len = self.observation_space.max_length
+        answer = ""
+        if self._phase == "done":  # an answer too long to show in full is shown cut; info keeps it whole
+            room = max_len - len(self._render("done", self._memory, self._memory_size))
+            answer = _shorten(self._final["prediction"], room)
+        obs = self._render(self._phase, self._memory, self._memory_size, answer)
+        if len(obs) > max_len:
+            raise ValueError(f"the observation has {len(obs)} characters, more than max_text_length={max_len}; "
+                             f"pass a larger max_text_length or a smaller chunk_size")
         return obs
+
+    def _fit_memory(self, memory: str, size: int, cut: int) -> tuple[str, int, int]:
+        """Shorten ``memory`` (already cut to the budget) so that every observation still to come
+        fits max_text_length characters: at the last whitespace that fits, else mid-word."""
+        phases = [self._phase] + (["done"] if self._phase == "answer" else [])
+        # Measured with an empty memory and the widest header (the size never exceeds the budget).
+        room = min(self.observation_space.max_length - len(self._render(p, "", self.memory_budget)) for p in phases)
+        room = max(room + len(EMPTY_MEMORY), 0)
+        if len(memory) <= room:
+            return memory, size, cut
+        end = max(memory.rfind(" ", 0, room + 1), memory.rfind("\n", 0, room + 1))
+        kept = (memory[:end] if end > 0 else memory[:room]).rstrip()
+        kept_size = self.counter.count(kept)
+        return kept, kept_size, max(cut + size - kept_size, 1)  # a word cut part-way counts as cut
 
     def _info(self) -> dict[str, Any]:
         info = {
@@ -234,6 +264,25 @@ class MemoryQAEnv(gym.Env[str, str]):
         }
         info.update(self._final)
         return info
+
+
+def _shorten(text: str, room: int) -> str:
+    """``text`` in at most ``room`` characters, marked with CUT_MARK when cut."""
+    if len(text) <= room:
+        return text
+    if room <= len(CUT_MARK):
+        return text[:max(room, 0)]
+    return text[:room - len(CUT_MARK)] + CUT_MARK
+
+
+def _check_chunk_fits(chunk_size: int, max_text_length: int, unit: str) -> None:
+    """Refuse a chunk_size no observation can hold (a generated task would fill it, for ever)."""
+    per_unit = MIN_CHARS_PER_UNIT.get(unit, 1)
+    bound = max_text_length // per_unit
+    if chunk_size > bound:
+        raise ValueError(f"chunk_size={chunk_size} {unit} cannot fit an observation of max_text_length="
+                         f"{max_text_length} characters (a chunk of n {unit} takes at least {per_unit}n-"
+                         f"{per_unit - 1} characters); use chunk_size <= {bound}, or raise max_text_length")
 
 
 def _check_int(settings: dict[str, Any], key: str, minimum: int) -> None:

@@ -236,3 +236,48 @@ def test_readme_env_loop_runs_as_written():
                          cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert re.search(r"\b[01]\.\d+ \{'em'", out.stdout), out.stdout
+
+
+HUGE = 1 << 20  # the default max_text_length: an action of this many characters is inside action_space
+
+
+@pytest.mark.parametrize("action,budget", [("x" * HUGE, 16), (("word " * HUGE)[:HUGE], 10**6)],
+                         ids=["one 1 MiB word", "1 MiB of words within the budget"])
+def test_a_1mib_action_never_breaks_the_env(action, budget):
+    env = gym.make("memgym/LongQA-v0", memory_budget=budget)
+    obs, info = env.reset(seed=0)
+    assert env.action_space.contains(action)
+    while info["phase"] == "memory":
+        obs, _, _, _, info = env.step(action)
+        assert env.observation_space.contains(obs) and info["memory"] in obs
+        assert info["memory_truncated"] and info["memory_cut"] >= 1 and action.startswith(info["memory"])
+        assert info["memory_size"] == env.unwrapped.counter.count(info["memory"])
+    obs, reward, terminated, _, info = env.step(action)
+    assert terminated and env.observation_space.contains(obs) and info["prediction"] == action
+
+
+def test_an_action_outside_the_space_is_refused_before_the_episode_moves():
+    env = gym.make("memgym/LongQA-v0", max_text_length=2000)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="2001 characters, more than the action space's max_text_length=2000"):
+        env.step("y" * 2001)
+    _, _, _, _, info = env.step("short")
+    assert info["chunk_index"] == 1 and info["memory"] == "short"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"chunk_size": 10**9}, r"chunk_size=1000000000 words cannot fit .* use chunk_size <= 524288"),
+    ({"chunk_size": 600, "max_text_length": 1000}, r"use chunk_size <= 500, or raise max_text_length"),
+    ({"memory_budget": 0}, r"memory_budget must be an int >= 1, got 0"),
+    ({"split": "dev"}, r"no split 'dev'; its splits are \['train', 'test'\]"),
+])
+@pytest.mark.parametrize("env_id", BUILTIN_SYNTHETIC)
+def test_impossible_settings_are_refused_at_make(env_id, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        gym.make(env_id, **kwargs)
+
+
+def test_reset_options_must_be_a_dict():
+    env = gym.make("memgym/LongQA-v0")
+    with pytest.raises(TypeError, match=r"reset options must be a dict such as .* got int 5"):
+        env.reset(options=5)
