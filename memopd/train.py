@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import shutil
 import sys
 import time
 import warnings
@@ -36,13 +37,15 @@ from typing import Any, Sequence
 
 import torch
 
+from agents.models import RUN_MODEL_DIR
 from agents.records import ROLES, Episode, save_episodes
+from memgym.cli import fail, run_main, set_threads
 from memopd import checkpoint, losses
 from memopd import config as cfgmod
-from memopd.config import field
-from memopd.audit import fitting_budget
+from memopd.audit import RCEAuditHook, fitting_budget
+from memopd.config import ConfigError, TrainingOptions, field
 from memopd.packing import PackedBatch, pack_episodes
-from memopd.runlog import RunLogger, plot_curves, read_metrics
+from memopd.runlog import LoggingSetupError, RunLogger, check_mirrors, plot_curves, read_metrics
 from memopd.scoring import ActionStates, action_states, token_logprobs
 
 
@@ -57,25 +60,27 @@ MODEL_LR = 1e-6
 
 
 @dataclass
-class TrainConfig:
-    """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``."""
+class TrainConfig(TrainingOptions):
+    """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``; the
+    options shared with ``memopd.sft`` (env, model, seed, threads, optimiser, attention) mean the
+    same in both."""
 
-    # what to train on
-    env: str = field("memgym/LongQA-v0", help="memgym environment id")
-    env_kwargs: dict = field(default_factory=dict, help="JSON object of env kwargs, e.g. '{\"num_chunks\": 6}'")
-    model: str = field("tiny", help="student: preset (tiny), local dir, hub id or .gguf")
+    # what to train on (env, env_kwargs: shared)
+    model: str = field("tiny", help="student: preset (tiny, tiny-teacher, smollm2), local model directory, "
+                                    "training run directory or checkpoint, .gguf file or hub id")
     teacher: str = field("auto", help="teacher spec; 'auto' = the tiny-teacher preset fine-tuned on oracle "
                                       "trajectories of --env (built and cached on first use)")
     student_warmup_steps: int = field(100, help="SFT steps on oracle trajectories before RL when --model is a "
                                                "tiny preset (learns the output format; 0 = start from --model as is)",
                                       range=(0, None))
+    lr: float | None = field(None, help=f"peak learning rate (AdamW); default {TINY_LR} for a tiny-preset "
+                                        f"student, {MODEL_LR} for any other model", range=(0.0, 1.0))
     # run
     run_dir: str | None = field(None, help="run directory (default runs/train/<env>-<time>)")
-    resume: str | None = field(None, help="resume the run in this directory from its last checkpoint")
+    resume: str | None = field(None, help="resume the run in this directory from its last checkpoint (its saved "
+                                          "settings are kept; flags given with it change them, recorded in "
+                                          "config.toml)")
     steps: int = field(80, help="training steps (one rollout batch each)", range=(1, None))
-    seed: int = field(0, help="random seed (rollouts, sampling, init)")
-    threads: int | None = field(None, help="torch CPU threads (default: torch's choice)")
-    device: str = field("cpu", help="torch device")
     # rollout
     questions_per_step: int = field(8, help="questions per step (B)", range=(1, None))
     group_size: int = field(4, help="samples per question (G)", range=(1, None))
@@ -85,7 +90,8 @@ class TrainConfig:
     max_new_tokens: int = field(48, help="most tokens sampled per call", range=(1, None))
     # objective
     reward: str = field("f1", help="task reward; 'none' = OPD only", choices=("f1", "em", "sub_em", "none"))
-    advantage: str = field("grpo", help="advantage estimator", choices=("grpo", "gae"))
+    advantage: str = field("grpo", help="advantage estimator: group-relative (grpo) or GAE with a critic (gae)",
+                           choices=("grpo", "gae"))
     opd_coef: float = field(1.0, help="lambda: weight of the distillation term (0 = PPO only)", range=(0.0, None))
     opd_divergence: str = field("auto", help="distillation divergence: rkl = KL(student || teacher) (MemOPD's), "
                                              "fkl, jsd; auto = fkl for a tiny-preset student learnt from scratch, "
@@ -101,36 +107,27 @@ class TrainConfig:
     gamma: float = field(1.0, help="GAE discount", range=(0.0, 1.0))
     lam: float = field(1.0, help="GAE lambda", range=(0.0, 1.0))
     vf_coef: float = field(0.5, help="value loss weight (GAE critic)", range=(0.0, None))
-    # optimisation
+    # optimisation (lr, schedule, warm-up, decay, clipping, packing, attention: shared)
     ppo_epochs: int = field(4, help="passes over each rollout batch", range=(1, None))
     minibatches: int = field(1, help="minibatches per epoch (split by packed rows; raise it for big models)",
                              range=(1, None))
-    lr: float | None = field(None, help=f"peak learning rate (AdamW); default {TINY_LR} for a tiny-preset "
-                                        f"student, {MODEL_LR} for any other model", range=(0.0, 1.0))
     critic_lr: float = field(1e-3, help="critic learning rate (GAE)", range=(0.0, 1.0))
-    lr_schedule: str = field("constant", help="learning-rate schedule after warm-up",
-                             choices=("constant", "cosine", "linear"))
-    warmup_steps: int = field(0, help="linear warm-up steps", range=(0, None))
-    weight_decay: float = field(0.0, help="AdamW weight decay", range=(0.0, None))
-    max_grad_norm: float = field(1.0, help="gradient clipping norm", range=(0.0, None))
-    pack_tokens: int = field(4096, help="token budget of one packed row", range=(64, None))
     kl_chunk: int = field(1024, help="action tokens projected to the full vocabulary at a time", range=(1, None))
-    attn: str | None = field(None, help="attention lowering: sdpa, eager (CPU) or flex, flash (GPU); "
-                                        "default by device", choices=("sdpa", "eager", "flex", "flash", "blocks"))
     # evaluation, logging, checkpoints
     eval_every: int = field(20, help="held-out evaluation every N steps (0 = only before and after)",
                             range=(0, None))
     eval_episodes: int = field(64, help="held-out episodes per evaluation (test split, greedy)", range=(1, None))
     save_every: int = field(5, help="checkpoint every N steps", range=(1, None))
     keep_checkpoints: int = field(2, help="checkpoints kept", range=(1, None))
-    sample_episodes: int = field(4, help="episodes saved per step to episodes/step-N.jsonl", range=(0, None))
-    audit_every: int = field(0, help="RCE audit (packed vs per-invocation logits) every N steps; 0 = off",
+    sample_episodes: int = field(4, help="episodes saved per step to episodes/step-N.jsonl (with the teacher's "
+                                         "per-token KL)", range=(0, None))
+    audit_every: int = field(20, help="RCE audit (packed vs per-invocation log-probs on 4 of the step's "
+                                      "episodes; logs audit/max_abs_diff, audit/passed) every N steps; 0 = off",
                              range=(0, None))
     max_bad_steps: int = field(3, help="stop after this many steps in a row with a non-finite loss",
                                range=(1, None))
     tensorboard: bool = field(False, help="also log to TensorBoard (RUN_DIR/tensorboard)")
     wandb_project: str | None = field(None, help="also log to this W&B project")
-    progress: bool = field(True, help="progress bars")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -235,8 +232,12 @@ class Roller:
         self.backend = HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed)
         n = min(cfg.rollout_envs, cfg.questions_per_step * cfg.group_size)
         kw = {**cfg.env_kwargs, "tokenizer": tokenizer}
-        self.train_envs = [gym.make(cfg.env, split="train", **kw) for _ in range(n)]
-        self.test_envs = [gym.make(cfg.env, split="test", **kw) for _ in range(min(cfg.rollout_envs, cfg.eval_episodes))]
+        try:
+            self.train_envs = [gym.make(cfg.env, split="train", **kw) for _ in range(n)]
+            self.test_envs = [gym.make(cfg.env, split="test", **kw)
+                              for _ in range(min(cfg.rollout_envs, cfg.eval_episodes))]
+        except (TypeError, ValueError, KeyError) as exc:  # env options are user input
+            raise ConfigError(f"--env-kwarg: {cfg.env} refused {cfg.env_kwargs}: {exc}") from None
 
     def _agent(self, greedy: bool, seed: int | None):
         from agents.backends.base import SamplingParams
@@ -253,7 +254,7 @@ class Roller:
         self.backend.policy_version = step
         # every step has its own seeds, so a resumed run replays exactly what it would have done
         base = cfg.seed * 1_000_003 + step * cfg.questions_per_step
-        self.backend._stream.manual_seed(base)
+        self.backend.reseed(base)
         return rollout(self.train_envs, self._agent(False, None), cfg.questions_per_step * cfg.group_size,
                        group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}")
 
@@ -318,15 +319,18 @@ def role_masks(batch: PackedBatch, episodes: Sequence[Episode]) -> dict[str, tor
 # ------------------------------------------------------------------------------------------------
 
 class Trainer:
+    """One MemOPD run. Construction loads and checks everything (env, student, teacher, env
+    options, logging mirrors) before the run directory is touched; :meth:`fit` trains."""
+
     def __init__(self, cfg: TrainConfig, log=print):
         from agents.models import check_same_vocab, load
 
         cfg = resolve_defaults(cfg)
         self.cfg, self.log = cfg, log
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        set_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         _check_env(cfg.env)
+        check_mirrors(cfg.tensorboard, cfg.wandb_project)
         self.run_dir = Path(cfg.run_dir)
         self.student, self.tokenizer = load(cfg.model, device=cfg.device)
         self.teacher = self.teacher_tok = None
@@ -342,24 +346,46 @@ class Trainer:
         self.critic = Critic(self.student) if cfg.advantage == "gae" else None
         self.roller = Roller(cfg, self.student, self.tokenizer)
         self.opt = torch.optim.AdamW(self.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_lambda)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, cfgmod.lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
         self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
                            if self.critic is not None else None)
+        self.audit = (RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn,
+                                   max_tokens=cfg.pack_tokens, strict=False) if cfg.audit_every else None)
         self.step = 0
         self.bad_steps = 0
         self.history: dict[str, Any] = {}
-        self.logger = RunLogger(self.run_dir, cfg.tensorboard, cfg.wandb_project, dataclasses.asdict(cfg))
+        self.step_rows: list[dict[str, Any]] = []  # the metrics rows of self.step, saved with its checkpoint
+        self.made_run_dir = False
+        self.logger = self._open_run_dir()
 
-    def _lr_lambda(self, step: int) -> float:
+    def _open_run_dir(self) -> RunLogger:
+        """A fresh run: refuse a directory that holds a run, else make it and write config.toml.
+        A resume: the directory must hold the run (its config is rewritten after the restore)."""
         cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-        if cfg.lr_schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * frac))
-        if cfg.lr_schedule == "linear":
-            return 1.0 - frac
-        return 1.0
+        if not cfg.resume:
+            if checkpoint.list_checkpoints(self.run_dir):
+                raise ConfigError(f"--run-dir {self.run_dir} already holds a run with checkpoints; continue it with "
+                                  f"--resume {self.run_dir}, or choose another --run-dir")
+            text = cfgmod.dump_toml(cfg)  # fails (None in env kwargs) before anything is made
+            self.made_run_dir = not self.run_dir.exists()
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                cfgmod.write_text_atomic(self.run_dir / "config.toml", text)
+                # a directory whose earlier start died before its first checkpoint starts clean
+                return RunLogger(self.run_dir, cfg.tensorboard, cfg.wandb_project, dataclasses.asdict(cfg),
+                                 fresh=True)
+            except BaseException:
+                self._discard_failed_start()
+                raise
+        return RunLogger(self.run_dir, cfg.tensorboard, cfg.wandb_project, dataclasses.asdict(cfg))
+
+    def _discard_failed_start(self) -> None:
+        """Remove the run directory this start made, when it never got a checkpoint."""
+        if self.made_run_dir and not checkpoint.list_checkpoints(self.run_dir):
+            if getattr(self, "logger", None) is not None:
+                self.logger.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # -- state ---------------------------------------------------------------------------------
     def modules(self) -> dict[str, torch.nn.Module]:
@@ -371,10 +397,21 @@ class Trainer:
         return mods
 
     def save(self) -> Path:
+        """Checkpoint this step, with the metrics rows logged at it: a resume rewrites
+        ``metrics.jsonl`` as the rows before this step plus these, so a kill on either side of a
+        row's write never duplicates or loses it."""
         state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                  "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt else None,
-                 "rng": checkpoint.rng_state(), "bad_steps": self.bad_steps, "history": self.history}
+                 "rng": checkpoint.rng_state(), "bad_steps": self.bad_steps, "history": self.history,
+                 "rows": list(self.step_rows)}
         return checkpoint.save(self.run_dir, self.step, self.modules(), state, keep=self.cfg.keep_checkpoints)
+
+    def log_row(self, metrics: dict[str, Any], save: bool = False) -> None:
+        """Record a metrics row of the current step; with ``save``, checkpoint first (row included)."""
+        self.step_rows.append(self.logger.clean_row(self.step, metrics))
+        if save:
+            self.save()
+        self.logger.log(self.step, metrics)
 
     def restore(self) -> None:
         if self.cfg.ref_beta > 0:
@@ -386,8 +423,27 @@ class Trainer:
             self.critic_opt.load_state_dict(state["critic_optimizer"])
         checkpoint.set_rng_state(state["rng"])
         self.step, self.bad_steps, self.history = state["step"], state["bad_steps"], state["history"]
-        self.logger.truncate_after(self.step)
+        self.step_rows = list(state.get("rows", []))
+        earlier = [r for r in read_metrics(self.run_dir) if r.get("step", -1) < self.step]
+        self.logger.rewrite(earlier + self.step_rows)
         self.log(f"resumed from {path} at step {self.step}")
+        self._record_changes()
+
+    def _record_changes(self) -> None:
+        """Settings a resume changed (e.g. more --steps): written to config.toml, with a comment
+        line per change, and said in the log."""
+        path = self.run_dir / "config.toml"
+        saved = cfgmod.load_toml(path)
+        now = cfgmod.to_dict(self.cfg)
+        changed = {k: (saved.get(k), v) for k, v in now.items()
+                   if k not in ("resume", "run_dir") and saved.get(k) != v}
+        if not changed:
+            return
+        what = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+        self.log(f"resume changes settings (recorded in {path}): {what}")
+        header = cfgmod.toml_header(path) + [f"resumed at step {self.step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                                             f"{what}"]
+        cfgmod.save_toml(self.cfg, path, header)
 
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -419,7 +475,6 @@ class Trainer:
                 pen_ep = torch.zeros(len(episodes)).index_add_(0, batch.token_map[:, 0], penalty * weights)
                 rewards = rewards + pen_ep
             adv = grpo_token_advantages(batch, episodes, rewards)
-        batch.advantages = adv
 
         # teacher -------------------------------------------------------------------------------
         teacher_states = None
@@ -436,7 +491,7 @@ class Trainer:
 
         # updates -------------------------------------------------------------------------------
         roles = role_masks(batch, episodes)
-        stats = self._update(batch, weights, teacher_states, values, returns, roles)
+        stats, token_kl = self._update(batch, adv, weights, teacher_states, values, returns, roles)
         dt = time.perf_counter() - t0
 
         n_calls = sum(len(e.invocations) for e in episodes)
@@ -453,25 +508,30 @@ class Trainer:
             "rollout_s": t_roll, "step_s": dt, "lr": self.sched.get_last_lr()[0],
             **stats,
         }
-        self._save_samples(episodes)
+        self._save_samples(episodes, batch, token_kl)
         return metrics
 
-    def _update(self, batch: PackedBatch, weights: torch.Tensor, teacher_states: ActionStates | None,
-                values: torch.Tensor | None, returns: torch.Tensor | None,
-                roles: dict[str, torch.Tensor]) -> dict[str, float]:
+    def _update(self, batch: PackedBatch, advantages: torch.Tensor, weights: torch.Tensor,
+                teacher_states: ActionStates | None, values: torch.Tensor | None, returns: torch.Tensor | None,
+                roles: dict[str, torch.Tensor]) -> tuple[dict[str, float], torch.Tensor]:
+        """PPO epochs over minibatches of rows. ``advantages`` is [N] in the batch's action order
+        (selected per minibatch by ``action_uid``; the packed batch is not written to). Returns the
+        stats and the per-token divergence to the teacher of the first epoch ([N], NaN where the
+        teacher does not supervise)."""
         cfg = self.cfg
+        token_kl = torch.full((batch.num_actions,), float("nan"))
         rows_per_mb = max(1, math.ceil(batch.num_rows / cfg.minibatches))
         sums: dict[str, list[float]] = {}
         kl_parts: dict[str, list[torch.Tensor]] = {"all": [], **{r: [] for r in ROLES}}
         skipped = 0
         self.student.train()
-        for _ in range(cfg.ppo_epochs):
+        for epoch in range(cfg.ppo_epochs):
             for mb in batch.micro_batches(rows_per_mb):
                 uid = mb.action_uid
                 w = weights[uid]
                 s = action_states(self.student, mb, lowering=cfg.attn)
                 logp, ent, _ = token_logprobs(s, mb.action_ids, chunk_size=cfg.kl_chunk)
-                pg, pg_stats = (losses.ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, w, cfg.clip_eps)
+                pg, pg_stats = (losses.ppo_policy_loss(logp, mb.old_logprobs, advantages[uid], w, cfg.clip_eps)
                                 if cfg.reward != "none" else (logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}))
                 entropy = losses.masked_mean(ent, w)
                 opd = logp.sum() * 0.0
@@ -481,6 +541,8 @@ class Trainer:
                     tmask = mb.teacher.float()
                     opd = losses.masked_mean(div, tmask)
                     with torch.no_grad():
+                        if epoch == 0:  # as the student sampled them (before any update, with one minibatch)
+                            token_kl[uid] = torch.where(mb.teacher, div.detach().float(), float("nan"))
                         kl_parts["all"].append(div.detach()[mb.teacher])
                         for r in ROLES:
                             kl_parts[r].append(div.detach()[roles[r][uid] & mb.teacher])
@@ -520,38 +582,65 @@ class Trainer:
         out["skipped_minibatches"] = skipped
         if skipped and not sums:
             out["loss"] = float("nan")
-        return out
+        return out, token_kl
 
-    def _save_samples(self, episodes: Sequence[Episode]) -> None:
-        if self.cfg.sample_episodes:
-            save_episodes(self.run_dir / "episodes" / f"step-{self.step + 1:06d}.jsonl",
-                          episodes[: self.cfg.sample_episodes])
+    def _save_samples(self, episodes: Sequence[Episode], batch: PackedBatch, token_kl: torch.Tensor) -> None:
+        """The step's first episodes, each invocation with ``meta["teacher_kl"]`` (one value per
+        response token; None where the teacher does not supervise) for the viewer's heatmap."""
+        n = self.cfg.sample_episodes
+        if not n:
+            return
+        if self.teacher is not None:
+            kl: dict[tuple[int, int], list[float | None]] = {}
+            for (e, i, t), v in zip(batch.token_map.tolist(), token_kl.tolist()):
+                if e < n:
+                    kl.setdefault((e, i), [None] * len(episodes[e].invocations[i].response_ids))[t] = \
+                        v if math.isfinite(v) else None
+            for (e, i), values in kl.items():
+                inv = episodes[e].invocations[i]
+                inv.meta["teacher_kl"] = values
+                inv.meta["teacher_mode"] = self.cfg.teacher_context
+        save_episodes(self.run_dir / "episodes" / f"step-{self.step + 1:06d}.jsonl", episodes[:n])
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
+        """Train to ``cfg.steps`` (from the last checkpoint with ``cfg.resume``); writes the final
+        model to ``RUN_DIR/model`` and ``summary.json``. A start that fails before its first
+        checkpoint removes the run directory it made."""
+        try:
+            if self.cfg.resume:
+                self.restore()
+            else:
+                self._start()
+        except BaseException:
+            self._discard_failed_start()
+            raise
+        return self._train()
+
+    def _start(self) -> None:
         cfg = self.cfg
-        if cfg.resume:
-            self.restore()
-        else:
-            if self.fresh_student:
-                warm_start_student(self.student, self.tokenizer, cfg, self.log)
-            if cfg.ref_beta > 0:
-                self.ref = copy.deepcopy(self.student).requires_grad_(False)
-            if self.teacher is not None:
-                self.history["eval_teacher"] = Roller(cfg, self.teacher, self.teacher_tok).evaluate()
-                self.log(f"teacher held-out: F1 {self.history['eval_teacher']['f1']:.3f}  "
-                         f"EM {self.history['eval_teacher']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
-            self.history["eval_before"] = self.roller.evaluate()
-            self.log(f"held-out before training: F1 {self.history['eval_before']['f1']:.3f}  "
-                     f"EM {self.history['eval_before']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
-            self.logger.log(0, {f"eval/{k}": v for k, v in self.history["eval_before"].items()})
-            self.save()
+        if self.fresh_student:
+            warm_start_student(self.student, self.tokenizer, cfg, self.log)
+        if cfg.ref_beta > 0:
+            self.ref = copy.deepcopy(self.student).requires_grad_(False)
+        if self.teacher is not None:
+            self.history["eval_teacher"] = Roller(cfg, self.teacher, self.teacher_tok).evaluate()
+            self.log(f"teacher held-out: F1 {self.history['eval_teacher']['f1']:.3f}  "
+                     f"EM {self.history['eval_teacher']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
+        self.history["eval_before"] = self.roller.evaluate()
+        self.log(f"held-out before training: F1 {self.history['eval_before']['f1']:.3f}  "
+                 f"EM {self.history['eval_before']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
+        self.log_row({f"eval/{k}": v for k, v in self.history["eval_before"].items()}, save=True)
+
+    def _train(self) -> dict[str, Any]:
+        cfg = self.cfg
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not cfg.progress)
         while self.step < cfg.steps:
             metrics = self.train_step()
             self.step += 1
+            self.step_rows = []
             if math.isnan(metrics.get("loss", float("nan"))):
                 self.bad_steps += 1
                 warnings.warn(f"step {self.step}: non-finite loss, update skipped "
@@ -566,37 +655,36 @@ class Trainer:
                 self.bad_steps = 0
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                 metrics.update({f"eval/{k}": v for k, v in self.roller.evaluate().items()})
-            if cfg.audit_every and self.step % cfg.audit_every == 0:
-                metrics["audit/max_logit_diff"] = self._audit()
-            self.logger.log(self.step, metrics)
+            audit = self.audit(self.step, self.student, self.last_episodes) if self.audit is not None else None
+            if audit is not None:
+                metrics["audit/max_abs_diff"] = audit.max_abs_diff
+                metrics["audit/passed"] = bool(audit.passed)
+            self.log_row(metrics, save=self.bad_steps == 0 and self.step % cfg.save_every == 0)
             bar.update(1)
             bar.set_postfix(f1=f"{metrics['f1']:.3f}", kl=f"{metrics.get('kl/all', float('nan')):.3f}", refresh=False)
-            if self.bad_steps == 0 and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
-                self.save()
             plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png", title=f"{cfg.env}  {self.run_dir.name}")
         bar.close()
         if "eval_after" not in self.history or self.history.get("eval_after_step") != self.step:
             self.history["eval_after"] = self.roller.evaluate()
             self.history["eval_after_step"] = self.step
-            self.logger.log(self.step, {f"eval/{k}": v for k, v in self.history["eval_after"].items()})
-            self.save()
+            self.log_row({f"eval/{k}": v for k, v in self.history["eval_after"].items()}, save=True)
         plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png", title=f"{cfg.env}  {self.run_dir.name}")
         self.logger.close()
+        self.export_final()
         before, after = self.history.get("eval_before", {}), self.history["eval_after"]
         self.log(f"held-out F1: before {before.get('f1', float('nan')):.3f} -> after {after['f1']:.3f}  "
                  f"(EM {before.get('em', float('nan')):.3f} -> {after['em']:.3f})")
-        self.log(f"run directory: {self.run_dir}")
+        self.log(f"run directory: {self.run_dir}  (final model: {self.run_dir / RUN_MODEL_DIR})")
         summary = {"eval_before": before, "eval_after": after, "eval_teacher": self.history.get("eval_teacher"),
                    "steps": self.step}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        cfgmod.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
 
-    def _audit(self) -> float:
-        """RCE audit on a few of this step's episodes: packed vs each invocation alone (max |logit diff|)."""
-        from memopd.audit import audit_episodes
+    def export_final(self) -> Path:
+        """The student as a standard transformers directory (weights + tokenizer), ``RUN_DIR/model``."""
+        from agents.models import save_pretrained
 
-        eps = self.last_episodes[:4]
-        return float(audit_episodes(self.student, eps, modes=("aligned",), lowering=self.cfg.attn)["aligned"]["max_abs_diff"])
+        return save_pretrained(self.run_dir / RUN_MODEL_DIR, self.student, self.tokenizer)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -613,41 +701,45 @@ def _check_env(env_id: str) -> None:
 
 
 def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
-    """Fill the run directory, or read the saved config back when resuming (flags in
-    ``explicit``, e.g. a larger --steps, override the saved values)."""
+    """The run's config, without touching the disk: a new run gets its directory name and the
+    student-dependent defaults (saved resolved, so a resume keeps them); a resume reads the saved
+    config back, and only the options in ``explicit`` (flags given with ``--resume``, e.g. a larger
+    ``--steps``) change it. The :class:`Trainer` writes ``config.toml``."""
     if cfg.resume:
         run_dir = Path(cfg.resume)
         saved = run_dir / "config.toml"
         if not saved.is_file():
-            raise cfgmod.ConfigError(f"--resume {run_dir}: no config.toml there; is it a run directory?")
+            raise ConfigError(f"--resume {run_dir}: no config.toml there; pass the directory of a run started by "
+                              "memopd.train (runs/train/<run>)")
         values = cfgmod.load_toml(saved)
-        values.update({name: getattr(cfg, name) for name in explicit | {"progress"}})
+        values.update({name: getattr(cfg, name) for name in explicit})
         values.update({"resume": str(run_dir), "run_dir": str(run_dir)})
         return cfgmod.from_dict(TrainConfig, values, source=str(saved))
     if cfg.run_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg = dataclasses.replace(cfg, run_dir=f"runs/train/{cfg.env.replace('/', '_')}-{stamp}")
-    cfg = resolve_defaults(cfg)  # saved resolved, so a resume keeps them
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(cfgmod.dump_toml(cfg))
-    return cfg
+    return resolve_defaults(cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = cfgmod.parse_args(TrainConfig, argv, "python -m memopd.train", __doc__.splitlines()[0])
-    try:
-        given = {a[2:].split("=")[0].replace("-", "_") for a in (argv if argv is not None else sys.argv[1:])
-                 if a.startswith("--")}
+    """The CLI: bad input prints ``error: ...`` and exits 2; a run stopped by non-finite losses
+    exits 1."""
+    from agents.models import ModelLoadError
+
+    def _main() -> int:
+        cfg, given = cfgmod.parse_known(TrainConfig, argv, "python -m memopd.train", __doc__)
         if not cfg.resume:
             _check_env(cfg.env)
         cfg = prepare(cfg, given - {"resume", "config"})
         print("config:\n" + cfgmod.dump_toml(cfg), file=sys.stderr)
-        Trainer(cfg, log=lambda m: print(m, file=sys.stderr, flush=True)).fit()
-    except (cfgmod.ConfigError, TrainingError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        try:
+            Trainer(cfg, log=lambda m: print(m, file=sys.stderr, flush=True)).fit()
+        except TrainingError as exc:
+            return fail(str(exc), code=1)
+        return 0
+
+    return run_main(_main, errors=(ConfigError, ModelLoadError, checkpoint.CheckpointError, LoggingSetupError,
+                                   ValueError))
 
 
 if __name__ == "__main__":
