@@ -22,12 +22,16 @@ Exit status:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from memgym.cli import CLIError, run_main
+from memgym.data import TaskDataError, decode_line
 from memgym.scoring import aggregate, score_answer
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_FATAL = 0, 1, 2
@@ -57,8 +61,9 @@ def _check_pred(obj: dict) -> tuple[Any, str | None]:
 
 def _read(path: Path, check: Callable[[dict], tuple[Any, str | None]]) -> _Parsed:
     out = _Parsed()
-    with path.open(encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, data in enumerate(fh, start=1):
+            raw = decode_line(data, path, lineno)  # a binary file fails here, naming itself
             if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -93,7 +98,8 @@ def score_files(pred_path: str | Path, gold_path: str | Path, hotpot_rules: bool
 
     Returns ``(summary, per_example, problems)``: the aggregate ``{"n", "em", "f1", "sub_em"}``
     over every well-formed gold id, one record per gold id (in gold-file order), and the
-    problem messages. Raises ``FileNotFoundError``/``OSError`` for unreadable files.
+    problem messages. Raises ``OSError`` for an unreadable file and :class:`TaskDataError` for a
+    file that is not UTF-8 text, both naming the file.
     """
     pred_path, gold_path = Path(pred_path), Path(gold_path)
     gold = _read(gold_path, _check_gold)
@@ -138,26 +144,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    """Write ``records`` to ``path`` whole or not at all: a temporary file beside it, then a rename,
+    so a full disk or a failed write leaves no half-written file. Errors name ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for record in records:
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # there may be no temporary file (or no directory) to remove
+            tmp.unlink()
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     for path in (args.pred, args.gold):
         if not path.is_file():
-            print(f"error: {path}: file not found", file=sys.stderr)
-            return EXIT_FATAL
-    try:
-        summary, per_example, problems = score_files(args.pred, args.gold, hotpot_rules=args.hotpot)
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"error: cannot read input: {exc}", file=sys.stderr)
-        return EXIT_FATAL
+            what = "is a directory, not a file" if path.is_dir() else "file not found"
+            raise CLIError(f"{path}: {what}; check the path")
+    summary, per_example, problems = score_files(args.pred, args.gold, hotpot_rules=args.hotpot)
     for message in problems:
         print(message, file=sys.stderr)
     if summary["n"] == 0:
-        print(f"error: {args.gold}: no well-formed gold lines; nothing to score", file=sys.stderr)
-        return EXIT_FATAL
+        raise CLIError(f"{args.gold}: no well-formed gold lines; nothing to score (gold lines look like "
+                       f'{{"id": "q1", "answers": ["Paris"]}})')
     if args.per_example:
-        with args.per_example.open("w", encoding="utf-8") as fh:
-            for record in per_example:
-                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        write_jsonl(args.per_example, per_example)
     if args.json:
         print(json.dumps({k: summary[k] for k in ("n", "em", "f1", "sub_em")}))
     else:
@@ -166,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(problems)} problem(s) reported above; exit status {EXIT_PROBLEMS}", file=sys.stderr)
         return EXIT_PROBLEMS
     return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI; returns the exit status. Bad input prints ``error: ...`` on stderr and returns 2."""
+    return run_main(lambda: _main(argv), errors=(TaskDataError,))
 
 
 if __name__ == "__main__":

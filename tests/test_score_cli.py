@@ -1,6 +1,8 @@
 """The scorer CLI: formats, problem reports with file:line, exit codes, per-example output."""
 
+import errno
 import json
+import os
 import subprocess
 import sys
 
@@ -114,3 +116,54 @@ def test_subprocess_table_unicode(tmp_path):
     lines = dict(line.split() for line in res.stdout.strip().splitlines())
     assert lines == {"n": "2", "EM": "0.5000", "F1": "0.5000", "sub-EM": "0.5000"}
     assert res.stderr == ""
+
+
+def run_cli(*argv):
+    return subprocess.run([sys.executable, "-m", "memgym.score", *argv], capture_output=True, text=True, timeout=60)
+
+
+def test_a_binary_input_file_is_named_not_dumped(tmp_path, gold):
+    pred = tmp_path / "pred.jsonl"
+    pred.write_bytes(b'{"id": "q1", "prediction": "Paris"}\n\x89PNG\r\n\x1a\n\x00\xff\n')
+    res = run_cli(str(pred), "--gold", str(gold))
+    assert res.returncode == EXIT_FATAL and "Traceback" not in res.stderr
+    assert res.stderr.startswith(f"error: {pred}:2: not UTF-8 text")
+
+
+@pytest.mark.parametrize("where", ["missing dir", "parent is a file", "a directory"])
+def test_an_unwritable_per_example_path_is_an_error_line_and_leaves_nothing(tmp_path, gold, where):
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"id": "q1", "prediction": "Paris"}])
+    out = {"missing dir": tmp_path / "nodir" / "per.jsonl", "parent is a file": pred / "per.jsonl",
+           "a directory": tmp_path}[where]
+    before = sorted(tmp_path.rglob("*"))
+    res = run_cli(str(pred), "--gold", str(gold), "--per-example", str(out))
+    assert res.returncode == EXIT_FATAL and "Traceback" not in res.stderr
+    assert f"error: {out}: " in res.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write a read-only directory")
+def test_a_read_only_per_example_directory(tmp_path, gold):
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"id": "q1", "prediction": "Paris"}])
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        res = run_cli(str(pred), "--gold", str(gold), "--per-example", str(ro / "per.jsonl"))
+    finally:
+        ro.chmod(0o700)
+    assert res.returncode == EXIT_FATAL and f"error: {ro / 'per.jsonl'}: Permission denied" in res.stderr
+    assert list(ro.iterdir()) == []
+
+
+def test_a_full_disk_leaves_no_half_written_file(tmp_path, gold, monkeypatch, capsys):
+    pred = write_jsonl(tmp_path / "pred.jsonl", [{"id": "q1", "prediction": "Paris"}])
+    per = tmp_path / "per.jsonl"
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)  # the write got as far as the last step, then the disk was full
+    assert main([str(pred), "--gold", str(gold), "--per-example", str(per)]) == EXIT_FATAL
+    assert f"error: {per}: No space left on device; free some disk space" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gold.jsonl", "pred.jsonl"]
