@@ -225,9 +225,9 @@ class MemoryPolicy(ABC):
         """A generation request for a prompt built by :class:`agents.prompts.PromptBuilder`."""
         from agents.backends.base import GenerationRequest
 
-        meta = {"episode_id": state.episode_id, "spans": {k: list(v) for k, v in prompt.spans.items()}, **meta}
         return GenerationRequest(prompt_ids=prompt.ids, prefix_len=prompt.prefix_len, role=role,
-                                 turn=len(state.invocations), meta=meta)
+                                 turn=len(state.invocations), spans={k: list(v) for k, v in prompt.spans.items()},
+                                 meta={"episode_id": state.episode_id, **meta})
 
     def sync_memory(self, state: EpisodeState, info: dict[str, Any]) -> None:
         """Adopt the last memory write as ``state.memory_ids``, cut the way the env cut it.

@@ -31,7 +31,14 @@ class Invocation:
     ``prompt_ids[:prefix_len]`` is the episode's shared prefix (instructions + question); it is
     identical in every invocation of the episode.
     ``logprobs[k]`` is log p(response_ids[k]) under softmax(logits / temperature) over the full
-    vocabulary, the distribution sampled from (``sampling`` records temperature and top-p).
+    vocabulary, the distribution sampled from (``sampling`` records temperature and top-p; a
+    greedy call records them at temperature 1).
+    ``spans`` names the segments the agent built the prompt from: slot -> ``[start, end)`` in
+    ``prompt_ids`` (e.g. ``"memory"``, ``"chunk"``). ``spans["memory"]`` is the memory this call
+    received, which the persistent-history control removes; a recorded ``spans`` without
+    ``"memory"`` says the call received none; ``None`` says nothing is known (the learner then
+    refuses the persistent control for it). Older records' ``meta["spans"]`` and
+    ``meta["memory_span"]`` are read into it.
     """
 
     prompt_ids: list[int]
@@ -46,10 +53,24 @@ class Invocation:
     sampling: dict[str, Any] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     response_text: str = ""
+    spans: dict[str, list[int]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._adopt_legacy_spans()
         self.validate()
+
+    def _adopt_legacy_spans(self) -> None:
+        """Records written before ``spans`` was a field kept it in ``meta``."""
+        if self.spans is None and isinstance(self.meta, dict):
+            if isinstance(self.meta.get("spans"), dict):
+                self.meta = dict(self.meta)
+                self.spans = self.meta.pop("spans")
+            elif self.meta.get("memory_span") is not None:
+                self.meta = dict(self.meta)
+                self.spans = {"memory": self.meta.pop("memory_span")}
+        if self.spans is not None:
+            self.spans = {str(k): list(v) if isinstance(v, (list, tuple)) else v for k, v in self.spans.items()}
 
     @property
     def prompt_len(self) -> int:
@@ -77,14 +98,26 @@ class Invocation:
             raise RecordError(f"prefix_len={self.prefix_len} outside the prompt (length {n_p})")
         if self.role not in ROLES:
             raise RecordError(f"role {self.role!r} is not one of {ROLES}")
+        for name in ("prompt_ids", "response_ids", "position_ids"):
+            if not all(type(t) is int for t in getattr(self, name)):
+                raise RecordError(f"{name} must be a list of integers")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in self.logprobs):
+            raise RecordError("logprobs must be a list of numbers")
         if any(not math.isfinite(x) or x > 1e-6 for x in self.logprobs):
             raise RecordError("logprobs must be finite and <= 0")
+        if self.spans is not None:
+            for slot, se in self.spans.items():
+                if not (isinstance(se, list) and len(se) == 2 and all(type(x) is int for x in se)
+                        and 0 <= se[0] <= se[1] <= n_p):
+                    raise RecordError(f"spans[{slot!r}] = {se!r} is not [start, end) within the prompt (length {n_p})")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Invocation":
+        if not isinstance(d, dict):
+            raise RecordError(f"an invocation must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         missing = {"prompt_ids", "response_ids", "logprobs", "position_ids", "prefix_len"} - d.keys()
         if missing:
@@ -126,6 +159,8 @@ class Episode:
             raise RecordError(f"episode is missing fields {sorted(missing)}")
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
+        if not isinstance(d["invocations"], list):
+            raise RecordError(f"'invocations' must be a list, got {type(d['invocations']).__name__}")
         invs = []
         for i, inv in enumerate(d["invocations"]):
             try:
@@ -165,13 +200,20 @@ class LoadReport:
 
 
 def iter_episode_lines(path: str | Path) -> Iterator[tuple[int, Episode | RecordError]]:
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    """``(line number, Episode or the RecordError saying why that line is not one)``; lines are
+    decoded one by one, so a binary or mis-encoded line is reported, not fatal."""
+    with Path(path).open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield lineno, RecordError("not UTF-8 text (is this a binary file?)")
+                continue
             if not line.strip():
                 continue
             try:
                 yield lineno, Episode.from_json(line)
-            except (RecordError, TypeError) as exc:
+            except (RecordError, TypeError, ValueError) as exc:
                 yield lineno, RecordError(str(exc))
 
 

@@ -68,7 +68,7 @@ def make_episodes(w: Workload) -> list[Episode]:
             invs.append(Invocation(prompt_ids=prompt, response_ids=resp, logprobs=[-1.0] * len(resp),
                                    position_ids=list(range(len(prompt) + len(resp))), prefix_len=len(q),
                                    role="answer" if answer else "memory", turn=t,
-                                   meta={"memory_span": [len(q) + 4, len(q) + 4 + len(memory)]}))
+                                   spans={"memory": [len(q) + 4, len(q) + 4 + len(memory)]}))
             memory = resp
         eps.append(Episode(episode_id=str(e), task_id="bench", sample_id=str(e), invocations=invs))
     return eps

@@ -10,10 +10,10 @@ each private block sees the prefix and itself (causally), never another block.
   ``prompt_ids[prefix_len:] + response_ids`` is one private block.
 - ``persistent`` (the paper's control): the episode flattened into one growing transcript,
   ``q, o_1, a_1, o_2, a_2, ..., o_n, a_n``, with continuous positions. ``q`` is the shared
-  prefix; ``o_t`` is call t's private prompt with the memory it received removed when the record
-  says where it is (``meta["memory_span"] = [start, end)``, prompt-relative), else the whole
-  private prompt (the memory is then a second copy of the earlier action already in the
-  transcript); ``a_t`` is the sampled response. Every ``a_t`` is scored in place, so it is
+  prefix; ``o_t`` is call t's private prompt with the memory it received removed
+  (``Invocation.spans["memory"]``, prompt-relative ``[start, end)``; the memory is the earlier
+  action, already in the transcript); ``a_t`` is the sampled response. A record without
+  ``spans`` cannot say where its memory is and is refused. Every ``a_t`` is scored in place, so it is
   conditioned on all earlier chunks and actions — the state the student never saw.
 
 Actions are enumerated canonically (episode, invocation, response token), so the same episodes
@@ -144,19 +144,24 @@ def aligned_units(episodes: Sequence[Episode | Sequence[Invocation]], *, share_p
     return units
 
 
-def observation_ids(inv: Invocation) -> tuple[list[int], list[int]]:
-    """The private prompt of a call minus the memory it received (``meta["memory_span"]``, else
-    the agents' ``meta["spans"]["memory"]``; prompt-relative ``[start, end)``), as (ids, original
-    prompt indices)."""
+def observation_ids(inv: Invocation, where: str = "the invocation") -> tuple[list[int], list[int]]:
+    """The private prompt of a call minus the memory it received (``inv.spans["memory"]``,
+    prompt-relative ``[start, end)``), as (ids, original prompt indices). A record without
+    ``spans`` is refused: keeping its memory would silently put a second copy of it in the
+    transcript."""
     p = inv.prefix_len
     keep = list(range(p, inv.prompt_len))
-    meta = inv.meta or {}
-    # agents record every prompt segment in meta["spans"]; "memory_span" is the explicit override
-    span = meta.get("memory_span") or (meta.get("spans") or {}).get("memory")
+    if inv.spans is None:
+        raise PackingError(f"{where} has no spans, so the persistent-history context cannot find the memory it "
+                           "received; the agent must record Invocation.spans (slot -> [start, end) of the prompt, "
+                           "with 'memory' for the memory the call received; agents built on MemoryPolicy.request "
+                           "do this)")
+    span = inv.spans.get("memory")
     if span is not None:
         s, t = int(span[0]), int(span[1])
         if not p <= s <= t <= inv.prompt_len:
-            raise PackingError(f"meta.memory_span {span} must lie in the private prompt [{p}, {inv.prompt_len})")
+            raise PackingError(f"{where}: spans['memory'] {span} must lie in the private prompt "
+                               f"[{p}, {inv.prompt_len})")
         keep = [i for i in keep if not s <= i < t]
     return [inv.prompt_ids[i] for i in keep], keep
 
@@ -177,7 +182,7 @@ def persistent_units(episodes: Sequence[Episode | Sequence[Invocation]], *,
             if list(inv.prompt_ids[:inv.prefix_len]) != list(first.prompt_ids[:first.prefix_len]):
                 raise PackingError(f"episode {e} invocation {j}: its shared prefix differs from invocation 0's; "
                                    "a persistent transcript needs one task prefix per episode")
-            obs, _ = observation_ids(inv)
+            obs, _ = observation_ids(inv, f"episode {_name(episodes[e], e)} invocation {j}")
             ids += obs
             fields_ = _action_fields(inv, e, j, len(ids), inv.role in roles)
             ids += list(inv.response_ids)
@@ -190,6 +195,13 @@ def persistent_units(episodes: Sequence[Episode | Sequence[Invocation]], *,
         block.positions = list(range(start, start + len(ids)))
         units.append(Unit(e, [], [], [block], key=(e, "persistent")))
     return units
+
+
+def _name(episode: Episode | Sequence[Invocation], index: int) -> str:
+    if isinstance(episode, Episode):
+        agent = (episode.meta or {}).get("agent")
+        return f"{index} ({episode.episode_id}{', agent ' + str(agent) if agent else ''})"
+    return str(index)
 
 
 def build_units(episodes: Sequence[Episode | Sequence[Invocation]], mode: str = "aligned", *,

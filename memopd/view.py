@@ -286,9 +286,9 @@ def score_breakdown(ep: Episode) -> list[dict[str, Any]]:
 
 
 def prompt_spans(inv: Invocation) -> dict[str, tuple[int, int]]:
-    """The data-slot spans an agent recorded in ``meta["spans"]`` (slot -> ``[start, end)`` in
+    """The data-slot spans an agent recorded in ``Invocation.spans`` (slot -> ``[start, end)`` in
     ``prompt_ids``, as :class:`agents.prompts.Prompt` has them); malformed entries are skipped."""
-    spans = inv.meta.get("spans")
+    spans = inv.spans if inv.spans is not None else inv.meta.get("spans")
     out: dict[str, tuple[int, int]] = {}
     if isinstance(spans, dict):
         for name, se in spans.items():

@@ -40,7 +40,7 @@ def assert_memory_is_exact(episode, infos, tokenizer):
     cuts = 0
     for t, inv in enumerate(invs):
         assert inv.prompt_ids[:inv.prefix_len] == prefix  # identical shared prefix in every call
-        start, end = inv.meta["spans"]["memory"]
+        start, end = inv.spans["memory"]
         memory = inv.prompt_ids[start:end]
         if t == 0:
             assert memory == []

@@ -75,7 +75,7 @@ def sample_episode(model, *, turns: int, seed: int, prefix_len: int = 10, pos0: 
             position_ids=positions + list(range(positions[-1] + 1, positions[-1] + 1 + len(resp))),
             prefix_len=len(q), role="answer" if answer else "memory", turn=t,
             sampling={"temperature": temperature},
-            meta={"memory_span": [len(q) + 1, len(q) + 1 + len(memory)]}))
+            spans={"memory": [len(q) + 1, len(q) + 1 + len(memory)]}))
         memory = resp
     return Episode(episode_id=f"ep{seed}", task_id="synthetic", sample_id=str(seed), invocations=invs)
 

@@ -55,7 +55,7 @@ def test_memagent_episode_records(tiny, backend):
     assert len(invs[3].response_ids) <= agent.answer_sampling.max_new_tokens
     # Chunk segments are the env's chunks, encoded once; the question sits in the prefix.
     for inv, info in zip(invs[:3], infos):
-        chunk_ids = inv.prompt_ids[slice(*inv.meta["spans"]["chunk"])]
+        chunk_ids = inv.prompt_ids[slice(*inv.spans["chunk"])]
         assert chunk_ids == tokenizer(info["chunk"], add_special_tokens=False)["input_ids"]
         assert inv.meta["chunk_index"] == info["chunk_index"]
     assert info["question"] in tokenizer.decode(invs[0].prompt_ids[:invs[0].prefix_len])
@@ -114,7 +114,7 @@ def test_fullcontext_reads_everything_then_answers_once(tiny, backend):
     episode, infos = run_recorded_episode(env, agent, seed=3)
     assert [i.role for i in episode.invocations] == ["answer"]
     inv = episode.invocations[0]
-    context = inv.prompt_ids[slice(*inv.meta["spans"]["context"])]
+    context = inv.prompt_ids[slice(*inv.spans["context"])]
     expected = agent.prompts.join([agent.prompts.encode_text(i["chunk"]) for i in infos[:3]])
     assert context == expected and inv.meta["context_cut"] == 0
     assert same_text(tokenizer.decode(context), "\n\n".join(i["chunk"] for i in infos[:3]))
@@ -128,9 +128,9 @@ def test_fullcontext_truncates_to_the_context_length_keeping_recent_text(tiny, b
     short = FullContextAgent(backend, answer_max_new_tokens=5, context_length=limit)
     ep_full, _ = run_recorded_episode(env, full, seed=4)
     ep_short, _ = run_recorded_episode(env, short, seed=4)
-    ctx_full = ep_full.invocations[0].prompt_ids[slice(*ep_full.invocations[0].meta["spans"]["context"])]
+    ctx_full = ep_full.invocations[0].prompt_ids[slice(*ep_full.invocations[0].spans["context"])]
     inv = ep_short.invocations[0]
-    ctx_short = inv.prompt_ids[slice(*inv.meta["spans"]["context"])]
+    ctx_short = inv.prompt_ids[slice(*inv.spans["context"])]
     assert len(ctx_full) > len(ctx_short) > 0
     assert ctx_full[-len(ctx_short):] == ctx_short  # the most recent tokens are kept
     assert inv.meta["context_cut"] == len(ctx_full) - len(ctx_short)
@@ -176,7 +176,7 @@ def test_rag_retrieves_the_fact_chunk(tiny, backend):
         assert [i.role for i in episode.invocations] == ["answer"]
         fact = supporting_texts(source[source.index_of(episode.sample_id)])[0]
         (k,) = inv.meta["retrieved"]
-        context = tokenizer.decode(inv.prompt_ids[slice(*inv.meta["spans"]["context"])])
+        context = tokenizer.decode(inv.prompt_ids[slice(*inv.spans["context"])])
         assert same_text(context, infos[k]["chunk"])
         hits += fact in context
     assert hits == 4  # the question's person only appears in its fact
@@ -194,7 +194,7 @@ def test_oracle_scores_f1_one_and_keeps_the_facts(tiny):
         assert_memory_is_exact(episode, infos, tokenizer)
         facts = supporting_texts(source[source.index_of(episode.sample_id)])
         answer_call = episode.invocations[-1]
-        memory = tokenizer.decode(answer_call.prompt_ids[slice(*answer_call.meta["spans"]["memory"])])
+        memory = tokenizer.decode(answer_call.prompt_ids[slice(*answer_call.spans["memory"])])
         assert same_text(memory, " ".join(facts))  # every supporting fact, verbatim, in reading order
         for inv in episode.invocations:
             assert isinstance(inv, Invocation) and inv.meta["oracle"] is True
@@ -236,5 +236,5 @@ def test_run_episode_with_word_budget_env(tiny, backend):
     assert len(episode.invocations) == 3 and episode.meta["budget_unit"] == "words"
     # The kept memory ids decode to (a prefix of) what the env kept, never more than it kept.
     second = episode.invocations[1]
-    memory = tokenizer.decode(second.prompt_ids[slice(*second.meta["spans"]["memory"])], skip_special_tokens=True)
+    memory = tokenizer.decode(second.prompt_ids[slice(*second.spans["memory"])], skip_special_tokens=True)
     assert len(memory.split()) <= 3

@@ -25,7 +25,7 @@ def make_episode(eid: int, n_calls: int, *, prefix: int = 6, pos0: int = 0, rng:
         invs.append(Invocation(prompt_ids=prompt, response_ids=resp, logprobs=[-0.1 * (k + 1) for k in range(len(resp))],
                                position_ids=list(range(pos0, pos0 + n)), prefix_len=len(q),
                                role="answer" if answer else "memory", turn=t,
-                               meta={"memory_span": [len(q) + 1, len(q) + 1 + len(memory)]} if private else {}))
+                               spans={"memory": [len(q) + 1, len(q) + 1 + len(memory)]} if private else {}))
         memory = resp
     return Episode(episode_id=f"e{eid}", task_id="t", sample_id=str(eid), invocations=invs)
 
@@ -169,7 +169,7 @@ def test_persistent_transcript_layout(episodes):
     q = ep.invocations[0].prompt_ids[: ep.invocations[0].prefix_len]
     expect = list(q)
     for inv in ep.invocations:
-        s, t = inv.meta["memory_span"]
+        s, t = inv.spans["memory"]
         expect += [x for i, x in enumerate(inv.prompt_ids) if inv.prefix_len <= i and not s <= i < t]
         expect += inv.response_ids
     assert block.ids == expect
@@ -231,3 +231,15 @@ def test_memagent_like_workload_packs_to_95_percent_real_tokens():
         batch = pack_episodes(eps, budget)
         assert batch.row_len <= budget
         assert batch.padding_fraction <= 0.05, (budget, batch.padding_fraction)
+
+
+def test_persistent_context_refuses_records_without_spans(episodes):
+    """Without spans the memory a call received cannot be removed from the transcript: refused,
+    naming the episode and the field (it used to keep a second copy silently)."""
+    import copy
+
+    eps = copy.deepcopy(episodes[:2])
+    eps[1].invocations[2].spans = None
+    pack_episodes(eps, 4096, mode="aligned")  # the aligned context needs no spans
+    with pytest.raises(PackingError, match=r"episode 1 \(.*\) invocation 2 has no spans.*Invocation.spans"):
+        pack_episodes(eps, 4096, mode="persistent")

@@ -71,3 +71,34 @@ def test_invalid_invocation_is_refused():
         Invocation(prompt_ids=[1, 2], response_ids=[3], logprobs=[-1.0], position_ids=[0, 1], prefix_len=1)
     with pytest.raises(RecordError, match="prefix_len"):
         Invocation(prompt_ids=[1, 2], response_ids=[], logprobs=[], position_ids=[0, 1], prefix_len=3)
+
+
+def test_spans_are_a_typed_field_and_legacy_meta_is_adopted(tmp_path):
+    ep = make_episode(0)  # built with the old meta["spans"]
+    inv = ep.invocations[0]
+    assert inv.spans == {"memory": [2, 2]} and "spans" not in inv.meta
+    legacy = Invocation(prompt_ids=[1, 2, 3], response_ids=[4], logprobs=[-1.0], position_ids=[0, 1, 2, 3],
+                        prefix_len=1, meta={"memory_span": [1, 2]})
+    assert legacy.spans == {"memory": [1, 2]}
+    with pytest.raises(RecordError, match=r"spans\['memory'\]"):
+        Invocation(prompt_ids=[1, 2], response_ids=[], logprobs=[], position_ids=[0, 1], prefix_len=0,
+                   spans={"memory": [1, 5]})
+    save_episodes(tmp_path / "e.jsonl", [ep])
+    assert load_episodes(tmp_path / "e.jsonl").episodes[0].invocations[0].spans == {"memory": [2, 2]}
+
+
+def test_wrong_shapes_and_binary_lines_are_reported_not_raised(tmp_path):
+    good = make_episode(0).to_json()
+    path = tmp_path / "mixed.jsonl"
+    bad_invocation = json.dumps({**json.loads(good), "invocations": ["not an object"]})
+    bad_ids = json.loads(good)
+    bad_ids["invocations"][0]["prompt_ids"] = ["a", "b", "c", "d"]
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\n" + (good + "\n").encode() + (bad_invocation + "\n").encode()
+                     + (json.dumps(bad_ids) + "\n").encode() + b'{"invocations": 5, "episode_id": 1, '
+                     b'"task_id": 1, "sample_id": 1}\n[1, 2]\n')
+    report = load_episodes(path)
+    assert len(report.episodes) == 1
+    msgs = dict(report.errors)
+    assert "binary" in msgs[1] and "binary" in msgs[3] and "invalid JSON" in msgs[2]  # line 4 is good
+    assert "JSON object" in msgs[5] and "integers" in msgs[6]
+    assert "must be a list" in msgs[7] and "JSON object" in msgs[8]

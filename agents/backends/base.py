@@ -74,6 +74,9 @@ class GenerationRequest:
     position_offset: int = 0
     """Positions of the prompt are ``position_offset .. position_offset + len(prompt_ids) - 1``
     and the response continues from there. Normally 0."""
+    spans: dict[str, list[int]] | None = None
+    """Prompt segments, slot -> ``[start, end)`` (``"memory"``: the memory this call received);
+    copied into ``Invocation.spans`` (see there)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form data copied into ``Invocation.meta`` (e.g. episode id, env index)."""
 

@@ -213,6 +213,7 @@ class HFBackend(Backend):
                 sampling=dict(samp),
                 timing={"start": wall0, "latency_s": latency},
                 response_text=self.tokenizer.decode(tokens[b], skip_special_tokens=True),
+                spans=None if r.spans is None else {k: list(v) for k, v in r.spans.items()},
                 meta=dict(r.meta),
             ))
         return invs
