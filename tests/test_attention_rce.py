@@ -187,3 +187,33 @@ def test_audit_cli(setup, tmp_path, capsys):
     rc = main([str(tmp_path / "eps.jsonl"), "--model", str(tmp_path / "model"), "--mode", "aligned", "--attn", "eager"])
     text = capsys.readouterr().out
     assert rc == 0 and "aligned" in text and "PASS" in text
+
+
+@pytest.mark.parametrize("cli", ["audit", "alignment"])
+def test_learner_clis_fail_like_tools(setup, tmp_path, capsys, cli):
+    """Bad input to the audit / alignment CLIs: ``error: <what, where, how>`` and exit 2, no traceback."""
+    import importlib
+
+    main = importlib.import_module(f"memopd.{cli}").main
+    model, eps, _, _ = setup
+    save_model_dir(model, tmp_path / "model")
+    good = tmp_path / "eps.jsonl"
+    save_episodes(good, eps)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "other.jsonl").write_text('{"id": "q1", "prediction": "Paris"}\n')
+    small = tmp_path / "small"
+    save_model_dir(tiny_model("qwen2", vocab=50), small)
+    cases = [
+        ([str(tmp_path / "missing.jsonl"), "--model", str(tmp_path / "model")], "missing.jsonl"),
+        ([str(tmp_path / "empty.jsonl"), "--model", str(tmp_path / "model")], "no readable episodes"),
+        ([str(tmp_path / "binary.jsonl"), "--model", str(tmp_path / "model")], "no readable episodes"),
+        ([str(tmp_path / "other.jsonl"), "--model", str(tmp_path / "model")], "no readable episodes"),
+        ([str(good), "--model", str(tmp_path / "no-such-model")], "no-such-model"),
+        ([str(good), "--model", str(small)], "outside the vocabulary"),
+        ([str(good), "--model", str(tmp_path / "model"), "--max-episodes", "0"], "--max-episodes"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "error: " in err and needle in err and "Traceback" not in err, (argv, err)
