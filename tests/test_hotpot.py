@@ -150,6 +150,10 @@ def test_bad_files(tmp_path):
     (tmp_path / "empty_train.jsonl").write_text("\n")
     with pytest.raises(TaskDataError, match="no samples"):
         make_source("train", path=tmp_path / "empty_train.jsonl")
+    binary = tmp_path / "binary_train.jsonl"
+    binary.write_bytes(json.dumps(raw_original("train")[0]).encode() + b"\n\x00\xff\xfe binary\n")
+    with pytest.raises(TaskDataError, match=rf"{binary}:2: not UTF-8 text"):
+        make_source("train", path=binary)
 
 
 def test_hub_unavailable_says_how_to_use_local_files(monkeypatch, tmp_path):

@@ -232,7 +232,12 @@ def split_files(path: str | Path, split: str, config: str | None = CONFIG) -> li
 
 
 def _read_json_file(path: Path) -> tuple[list[Any], list[int] | None]:
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a binary file: name it and the line, not the codec
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        raise TaskDataError(f"{path}:{lineno}: not UTF-8 text; expected HotpotQA JSON or JSONL") from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
