@@ -10,34 +10,54 @@ Episodes are the first ``--episodes`` samples of ``--split`` (sample indices ``-
 onwards), so runs are comparable; ``--seed`` seeds the env resets and the model's sampling.
 Prints an EM / F1 / sub-EM table with memory tokens, calls and peak context per episode, and
 saves ``episodes.jsonl`` (every invocation, token-exact) and ``summary.json`` in ``--out``.
+``--agent oracle`` calls no model: ``--model`` only picks the tokenizer of its records, and only
+the tokenizer is loaded.
+
+Bad input (an unknown env, agent or model, a missing model path, indices past the end of the
+split, an env option the env does not take, an output directory that cannot be written) prints
+``error: <what, where, how to fix>`` on stderr and exits 2. A run that fails removes the output
+it started, so no empty or half-written directory is left behind.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from memgym.cli import DEFAULT_THREADS, THREADS_HELP, CLIError, describe, parse_kwargs, run_main, set_threads
+
 MODEL_AGENTS = ("memagent", "fullcontext", "rag")
+SPLITS = ("train", "validation", "test")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The whole module docstring as description, line breaks kept, and each default said once:
+    appended only when the help text does not already say it and there is one to say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from agents.policy import AGENTS
 
-    p = argparse.ArgumentParser(prog="python -m memopd.eval", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--env", default="memgym/LongQA-v0", help="environment id (see memgym.list_envs())")
-    p.add_argument("--agent", default="memagent", help=f"one of: {', '.join(sorted(AGENTS))}")
+    p = argparse.ArgumentParser(prog="python -m memopd.eval", description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--env", default="memgym/LongQA-v0", help=f"environment id; one of: {', '.join(_env_ids())}")
+    p.add_argument("--agent", default="memagent", choices=sorted(AGENTS), help="the agent to evaluate")
     p.add_argument("--model", default=None,
-                   help="model spec: preset (tiny, tiny-teacher, smollm2), model directory, .gguf file or hub id; "
-                        "for --agent oracle it only picks the tokenizer of the records (default: tiny's)")
+                   help="model spec: preset (tiny, tiny-teacher, tiny-llama, smollm2), model directory, training "
+                        "run directory, .gguf file or hub id. Needed by every agent but oracle, for which it only "
+                        "picks the tokenizer of the records (only the tokenizer is loaded; default: tiny's)")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--seed", type=int, default=0, help="seed of env resets and of sampling")
-    p.add_argument("--split", default="test", help="data split")
+    p.add_argument("--split", default="test", choices=SPLITS, help="data split")
     p.add_argument("--start-index", type=int, default=0, help="first sample index of the split")
     p.add_argument("--group-size", type=int, default=1, help="episodes per question (samples per group)")
     p.add_argument("--batch-size", type=int, default=8, help="environments run in lockstep (model calls batched)")
@@ -51,73 +71,60 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="extra gymnasium.make kwarg (repeatable); VALUE is parsed as a Python literal when it "
                         "is one (8, 0.5, True, None), else kept as a string")
     p.add_argument("--device", default="cpu", help="torch device of the model")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads; 0 keeps torch's default. 1 is the safe choice on small shared "
-                        "machines (two threads on a busy 2-core box ran 5-40x slower); raise it on free cores")
-    p.add_argument("--out", default=None, help="output directory (default runs/eval/<env>-<agent>-<timestamp>)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
+    p.add_argument("--out", default=None,
+                   help="output directory (default: runs/eval/<env>-<agent>-<timestamp>)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
 
 
-def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
-    """``["hops=2", "fact_order=random"]`` -> ``{"hops": 2, "fact_order": "random"}``."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--env-kwarg {item!r} is not KEY=VALUE (e.g. --env-kwarg num_chunks=8)")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        out[key.strip()] = value
-    return out
+def _env_ids() -> list[str]:
+    import memgym
+
+    return memgym.list_envs()
 
 
 def check_choices(args: argparse.Namespace) -> str:
-    """Validate env id, agent and model before anything heavy; returns the resolved env id."""
+    """Validate env id, model and counts before anything heavy; returns the resolved env id."""
     import memgym
-    from agents.policy import AGENTS
 
-    envs = memgym.list_envs()
     env_id = args.env.split(":", 1)[1] if args.env.startswith("memgym:") else args.env
-    if env_id not in envs:
+    if env_id not in memgym.list_envs():
         try:
             env_id = memgym.resolve_id(env_id)
         except Exception:  # noqa: BLE001 - any failure means: not a known env
-            raise SystemExit(f"error: unknown env {args.env!r}; available envs: {', '.join(envs)}") from None
-    if args.agent not in AGENTS:
-        raise SystemExit(f"error: unknown agent {args.agent!r}; available agents: {', '.join(sorted(AGENTS))}")
+            raise CLIError(f"unknown env {args.env!r}; available envs: {', '.join(memgym.list_envs())}") from None
     if args.agent in MODEL_AGENTS and not args.model:
-        raise SystemExit(f"error: --agent {args.agent} needs --model (a preset such as tiny or smollm2, a model "
-                         "directory, a .gguf file or a hub id); only --agent oracle runs without a model")
-    if args.episodes < 1 or args.batch_size < 1 or args.group_size < 1:
-        raise SystemExit("error: --episodes, --batch-size and --group-size must be >= 1")
+        raise CLIError(f"--agent {args.agent} needs --model (a preset such as tiny or smollm2, a model "
+                       "directory, a .gguf file or a hub id); only --agent oracle runs without a model")
+    for flag in ("episodes", "batch_size", "group_size"):
+        if getattr(args, flag) < 1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.start_index < 0:
+        raise CLIError(f"--start-index must be >= 0 (the first sample of the split is 0), got {args.start_index}")
+    if args.threads < 0:
+        raise CLIError(f"--threads must be >= 0 (0: torch's choice), got {args.threads}")
     return env_id
 
 
-def build(args: argparse.Namespace, env_id: str) -> tuple[list[Any], Any, str]:
+def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> tuple[list[Any], Any, str]:
     """The envs, the agent and a model label."""
-    import gymnasium as gym
-
     from agents.policy import make_agent
 
-    env_kwargs = parse_env_kwargs(args.env_kwarg)
     if args.agent == "oracle":
-        from agents.oracle import default_tokenizer
+        from agents.oracle import load_tokenizer
 
-        tokenizer = _load(args.model, args.device)[1] if args.model else default_tokenizer()
-        envs = [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs) for _ in range(args.batch_size)]
+        # the oracle calls no model: its tokenizer is all it needs (loading weights only costs time)
+        tokenizer = _guard_model(args.model or "tiny", lambda: load_tokenizer(args.model))
+        envs = make_envs(env_id, args, tokenizer, env_kwargs)
         return envs, make_agent("oracle", samples=envs[0].unwrapped.source, tokenizer=tokenizer), args.model or "-"
-
-    import torch
 
     from agents.backends.base import SamplingParams
     from agents.backends.hf import HFBackend
+    from agents.models import load
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    model, tokenizer = _load(args.model, args.device)
+    set_threads(args.threads)
+    model, tokenizer = _guard_model(args.model, lambda: load(args.model, device=args.device))
     backend = HFBackend(model, tokenizer, device=args.device, max_batch_size=args.batch_size, seed=args.seed,
                         name=f"hf:{args.model}")
     greedy = args.temperature <= 0
@@ -127,14 +134,113 @@ def build(args: argparse.Namespace, env_id: str) -> tuple[list[Any], Any, str]:
                               "answer_max_new_tokens": args.answer_max_new_tokens}
     if args.agent == "rag":
         kwargs["top_k"] = args.top_k
-    envs = [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs) for _ in range(args.batch_size)]
-    return envs, make_agent(args.agent, **kwargs), args.model
+    return make_envs(env_id, args, tokenizer, env_kwargs), make_agent(args.agent, **kwargs), args.model
 
 
-def _load(spec: str, device: str) -> tuple[Any, Any]:
-    from agents.models import load
+def _guard_model(spec: str, load: Any) -> Any:
+    """Run a model / tokenizer load; the loader's errors become one ``error:`` line naming --model."""
+    from agents.models import ModelLoadError
 
-    return load(spec, device=device)
+    try:
+        return load()
+    except (ModelLoadError, FileNotFoundError) as exc:
+        raise CLIError(f"--model {spec}: {exc}") from None
+
+
+def make_envs(env_id: str, args: argparse.Namespace, tokenizer: Any, env_kwargs: dict[str, Any]) -> list[Any]:
+    """``--batch-size`` envs; a bad env option is a usage error, said without gymnasium's kwargs dump."""
+    import gymnasium as gym
+
+    try:
+        return [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs) for _ in range(args.batch_size)]
+    except (ValueError, TypeError, KeyError) as exc:
+        message = str(exc).split(" was raised from the environment creator")[0]  # drop the repr of every kwarg
+        raise CLIError(f"{env_id}: {message} (check --env-kwarg and --split)") from None
+
+
+def check_range(envs: Sequence[Any], args: argparse.Namespace, env_id: str, groups: int) -> None:
+    """The episodes must lie inside the split: a clear message instead of an error mid-run."""
+    try:
+        n = len(envs[0].unwrapped.source)
+    except (AttributeError, TypeError):
+        return  # an env without a sized sample source: the env checks its own indices
+    if args.start_index + groups > n:
+        raise CLIError(f"--start-index {args.start_index} with {groups} questions needs samples "
+                       f"{args.start_index}..{args.start_index + groups - 1}, but split {args.split!r} of {env_id} "
+                       f"has {n} (indices 0..{n - 1}); lower --start-index or --episodes")
+
+
+class OutputDir:
+    """The output directory, made up front (a read-only or missing place fails before any model
+    loads) and removed again, with every missing parent it made, when the run fails."""
+
+    FILES = ("episodes.jsonl", "summary.json")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            for name in self.FILES:  # a rerun into the same directory replaces its results
+                (path / name).unlink(missing_ok=True)
+            (path / self.FILES[0]).touch()  # proves the directory takes files before the slow part
+        except (FileExistsError, NotADirectoryError):
+            self.discard()
+            raise CLIError(f"--out {path}: {path if path.exists() else 'a parent'} is a file, not a directory; "
+                           "give a directory for the results") from None
+        except OSError as exc:
+            self.discard()
+            raise CLIError(f"--out {path}: {describe(exc)}") from None
+
+    def discard(self) -> None:
+        for name in self.FILES:
+            try:
+                (self.path / name).unlink(missing_ok=True)
+            except OSError:
+                pass  # not there to remove (a file in place of the directory, a read-only place)
+        for folder in self.made:
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty (someone else's files) or already gone: leave it
+
+
+def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the CLI and return the summary; bad input raises :class:`CLIError` (or ``OSError``)."""
+    args = parse_args(argv)
+    env_id = check_choices(args)
+    env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = OutputDir(Path(args.out) if args.out else
+                    Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{args.agent}-{stamp}")
+    try:
+        return _run(args, env_id, env_kwargs, out.path)
+    except Exception:
+        out.discard()  # no half-written results: a failed run leaves nothing behind
+        raise
+
+
+def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out: Path) -> dict[str, Any]:
+    from agents.rollout import rollout
+
+    envs, agent, model_label = build(args, env_id, env_kwargs)
+    groups = -(-args.episodes // args.group_size)
+    check_range(envs, args, env_id, groups)
+    episodes_path = out / "episodes.jsonl"
+    t0 = time.perf_counter()
+    episodes = rollout(envs, agent, args.episodes, group_size=args.group_size, seed=args.seed,
+                       indices=range(args.start_index, args.start_index + groups), out=episodes_path,
+                       progress=not args.no_progress)
+    wall = time.perf_counter() - t0
+    summary = summarize(episodes, wall_s=wall)
+    summary.update({"env": env_id, "agent": args.agent, "model": model_label, "split": args.split,
+                    "episodes": len(episodes), "seed": args.seed, "start_index": args.start_index,
+                    "group_size": args.group_size, "temperature": args.temperature, "env_kwargs": env_kwargs})
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    header = f"{env_id}  agent={args.agent}  model={model_label}  split={args.split}  episodes={len(episodes)}"
+    print(format_table(summary, header))
+    print(f"saved {episodes_path} and {out / 'summary.json'}")
+    return summary
 
 
 def summarize(episodes: Sequence[Any], wall_s: float | None = None) -> dict[str, Any]:
@@ -173,10 +279,10 @@ def summarize(episodes: Sequence[Any], wall_s: float | None = None) -> dict[str,
 def format_table(summary: dict[str, Any], header: str) -> str:
     """The summary as a two-column text table under ``header``."""
     rows = [("EM", f"{summary['em']:.3f}"), ("F1", f"{summary['f1']:.3f}"), ("sub-EM", f"{summary['sub_em']:.3f}"),
-            ("memory tokens / write", f"{summary['memory_tokens']:.1f}"),
-            ("calls / episode", f"{summary['calls']:.1f}"),
-            ("peak context / episode", f"{summary['peak_context']:.1f}"),
-            ("generated tokens / episode", f"{summary['generated_tokens']:.1f}")]
+            ("memory tokens / write", _count(summary["memory_tokens"])),
+            ("calls / episode", _count(summary["calls"])),
+            ("peak context / episode", _count(summary["peak_context"])),
+            ("generated tokens / episode", _count(summary["generated_tokens"]))]
     if "generated_tokens_per_s" in summary:
         rows.append(("generated tokens / s", f"{summary['generated_tokens_per_s']:.1f}"))
     width = max(len(r[0]) for r in rows)
@@ -185,39 +291,19 @@ def format_table(summary: dict[str, Any], header: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    env_id = check_choices(args)
-    try:
-        envs, agent, model_label = build(args, env_id)
-    except (ValueError, TypeError) as exc:
-        raise SystemExit(f"error: {exc}") from None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{args.agent}-{stamp}"
-    out.mkdir(parents=True, exist_ok=True)
-    episodes_path = out / "episodes.jsonl"
-    if episodes_path.exists():
-        episodes_path.unlink()  # a rerun into the same directory replaces its episodes
+def _count(value: float) -> str:
+    """A mean count: ``4`` when whole (every episode made 4 calls), else one decimal (``4.5``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
 
-    from agents.rollout import rollout
 
-    groups = -(-args.episodes // args.group_size)
-    t0 = time.perf_counter()
-    episodes = rollout(envs, agent, args.episodes, group_size=args.group_size, seed=args.seed,
-                       indices=range(args.start_index, args.start_index + groups), out=episodes_path,
-                       progress=not args.no_progress)
-    wall = time.perf_counter() - t0
-    summary = summarize(episodes, wall_s=wall)
-    summary.update({"env": env_id, "agent": args.agent, "model": model_label, "split": args.split,
-                    "episodes": len(episodes), "seed": args.seed, "start_index": args.start_index,
-                    "group_size": args.group_size, "temperature": args.temperature,
-                    "env_kwargs": parse_env_kwargs(args.env_kwarg)})
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    header = f"{env_id}  agent={args.agent}  model={model_label}  split={args.split}  episodes={len(episodes)}"
-    print(format_table(summary, header))
-    print(f"saved {episodes_path} and {out / 'summary.json'}")
-    return summary
+def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI: 0 on success; bad input prints ``error: ...`` on stderr and returns 2."""
+    def run() -> int:
+        evaluate(argv)
+        return 0
+
+    return run_main(run)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 import memgym  # noqa: F401  (registers the envs)
 from agents.records import load_episodes
-from memopd.eval import main, parse_env_kwargs, summarize
+from memgym.cli import DEFAULT_THREADS, THREADS_HELP
+from memopd.eval import evaluate, format_table, main, parse_args, summarize
 
 
 def test_oracle_scores_f1_one_on_longqa(tmp_path, capsys):
-    summary = main(["--env", "memgym/LongQA-v0", "--agent", "oracle", "--episodes", "20", "--out", str(tmp_path),
+    summary = evaluate(["--env", "memgym/LongQA-v0", "--agent", "oracle", "--episodes", "20", "--out", str(tmp_path),
                     "--no-progress"])
     printed = capsys.readouterr().out
     assert summary["f1"] == summary["em"] == summary["sub_em"] == 1.0 and summary["n"] == 20
@@ -35,7 +38,7 @@ def test_oracle_scores_f1_one_on_longqa(tmp_path, capsys):
 
 
 def test_memagent_tiny_runs_and_scores(tmp_path, capsys):
-    summary = main(["--agent", "memagent", "--model", "tiny", "--episodes", "4", "--batch-size", "2",
+    summary = evaluate(["--agent", "memagent", "--model", "tiny", "--episodes", "4", "--batch-size", "2",
                     "--env-kwarg", "num_chunks=2", "--max-new-tokens", "16", "--answer-max-new-tokens", "4",
                     "--temperature", "1.0", "--out", str(tmp_path), "--no-progress"])
     out = capsys.readouterr().out
@@ -49,27 +52,129 @@ def test_memagent_tiny_runs_and_scores(tmp_path, capsys):
 
 @pytest.mark.parametrize("agent", ["fullcontext", "rag"])
 def test_baselines_run(tmp_path, agent, capsys):
-    summary = main(["--agent", agent, "--model", "tiny", "--episodes", "2", "--env-kwarg", "num_chunks=3",
+    summary = evaluate(["--agent", agent, "--model", "tiny", "--episodes", "2", "--env-kwarg", "num_chunks=3",
                     "--answer-max-new-tokens", "3", "--out", str(tmp_path), "--no-progress"])
     assert summary["calls"] == 1.0 and summary["memory_tokens"] == 0.0 and summary["n"] == 2
 
 
+def fails(argv, capsys) -> str:
+    """Run the CLI expecting a usage error: exit 2, one ``error:`` line on stderr, no traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
 def test_errors_name_the_choices(tmp_path, capsys):
-    with pytest.raises(SystemExit, match=r"unknown env 'memgym/Nope-v0'; available envs: .*memgym/LongQA-v0"):
-        main(["--env", "memgym/Nope-v0", "--agent", "oracle"])
-    with pytest.raises(SystemExit, match="unknown agent 'gpt'; available agents: fullcontext, memagent, oracle, rag"):
+    out = ["--out", str(tmp_path / "out"), "--no-progress"]
+    assert "unknown env 'memgym/Nope-v0'; available envs: " in fails(["--env", "memgym/Nope-v0", "--agent", "oracle", *out], capsys)
+    assert "--agent memagent needs --model" in fails(["--agent", "memagent", *out], capsys)
+    err = fails(["--agent", "oracle", "--episodes", "1", "--env-kwarg", "colour=blue", *out], capsys)
+    assert "unknown option(s) ['colour']" in err and "was raised from" not in err and "AddedToken" not in err
+    assert "is not KEY=VALUE" in fails(["--agent", "oracle", "--env-kwarg", "num_chunks", *out], capsys)
+    assert "--episodes must be >= 1" in fails(["--agent", "oracle", "--episodes", "0", *out], capsys)
+    with pytest.raises(SystemExit) as exc:  # argparse: the choices are listed
         main(["--agent", "gpt"])
-    with pytest.raises(SystemExit, match="--agent memagent needs --model"):
-        main(["--agent", "memagent"])
-    with pytest.raises(SystemExit, match="unknown option"):
-        main(["--agent", "oracle", "--episodes", "1", "--env-kwarg", "colour=blue", "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "invalid choice: 'gpt' (choose from 'fullcontext', 'memagent', 'oracle', 'rag')" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing made for a run that never started
 
 
-def test_parse_env_kwargs():
-    assert parse_env_kwargs(["num_chunks=8", "fact_order=random", "x=0.5", "flag=True", "t=None", "s='a=b'"]) == {
-        "num_chunks": 8, "fact_order": "random", "x": 0.5, "flag": True, "t": None, "s": "a=b"}
-    with pytest.raises(ValueError, match="KEY=VALUE"):
-        parse_env_kwargs(["num_chunks"])
+@pytest.mark.parametrize("spec, says", [("nope", "unknown model spec 'nope'"),
+                                        ("./no/such/model", "model path not found")])
+@pytest.mark.parametrize("agent", ["oracle", "memagent"])
+def test_bad_model_is_one_error_line(tmp_path, capsys, spec, says, agent):
+    err = fails(["--agent", agent, "--model", spec, "--episodes", "1", "--out", str(tmp_path / "o" / "out"),
+                 "--no-progress"], capsys)
+    assert err.startswith(f"error: --model {spec}: ") and says in err
+    assert not (tmp_path / "o").exists()  # the output directory (and the parent it made) are gone
+
+
+def test_indices_past_the_split(tmp_path, capsys):
+    out = tmp_path / "out"
+    err = fails(["--agent", "oracle", "--start-index", "999", "--episodes", "3", "--out", str(out), "--no-progress"],
+                capsys)
+    assert "--start-index 999 with 3 questions needs samples 999..1001" in err and "has 1000 (indices 0..999)" in err
+    assert "--start-index must be >= 0" in fails(["--agent", "oracle", "--start-index", "-1", "--out", str(out)], capsys)
+    assert not out.exists()
+
+
+def test_read_only_output(tmp_path, capsys, monkeypatch):
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    err = fails(["--agent", "oracle", "--episodes", "1", "--out", str(tmp_path / "ro"), "--no-progress"], capsys)
+    assert f"--out {tmp_path / 'ro'}: " in err and "Read-only file system; choose a writable output directory" in err
+    monkeypatch.undo()
+    (tmp_path / "file").write_text("x")
+    err = fails(["--agent", "oracle", "--episodes", "1", "--out", str(tmp_path / "file"), "--no-progress"], capsys)
+    assert "is a file, not a directory" in err and (tmp_path / "file").read_text() == "x"
+
+
+def test_full_disk_mid_run_leaves_nothing(tmp_path, capsys, monkeypatch):
+    import agents.rollout
+
+    def full(*args, out=None, **kwargs):
+        Path(out).write_text('{"half": ')
+        raise OSError(errno.ENOSPC, "No space left on device", str(out))
+
+    monkeypatch.setattr(agents.rollout, "rollout", full)
+    out = tmp_path / "a" / "b"
+    err = fails(["--agent", "oracle", "--episodes", "1", "--out", str(out), "--no-progress"], capsys)
+    assert "No space left on device; free some disk space" in err
+    assert not (tmp_path / "a").exists()
+    kept = tmp_path / "kept"  # a directory that was there before keeps existing, without results
+    (kept / "notes.txt").parent.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    fails(["--agent", "oracle", "--episodes", "1", "--out", str(kept), "--no-progress"], capsys)
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+
+
+def test_help_lists_choices_and_defaults_once(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "{fullcontext,memagent,oracle,rag}" in text and "{train,validation,test}" in text
+    assert "memgym/LongQA-v0" in text.split("--env ENV", 1)[1]  # the env ids are listed
+    assert "removes the output it started" in text  # the whole description, not just its first line
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert text.count("(default: 20)") == 1 and "default: tiny's" in text and text.count("(default:") >= 8
+    assert " ".join(THREADS_HELP.split()) in text and "(default: 0)" not in text  # THREADS_HELP says its default
+    assert parse_args([]).threads == DEFAULT_THREADS
+
+
+def test_oracle_loads_only_a_tokenizer(tmp_path, capsys, monkeypatch):
+    """--agent oracle --model X reads X's tokenizer and never builds or loads a model."""
+    from transformers import AutoModelForCausalLM
+
+    from agents.models import load
+
+    preset_dir = Path(load("tiny")[0].name_or_path)  # make sure the preset's cache entry exists
+    assert (preset_dir / "config.json").is_file()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the oracle loaded a model")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_model)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", no_model)
+    runs = {}
+    for spec in ("tiny", str(preset_dir), None):
+        out = tmp_path / str(len(runs))
+        argv = ["--agent", "oracle", "--episodes", "3", "--env-kwarg", "num_chunks=2", "--out", str(out),
+                "--no-progress"] + (["--model", spec] if spec else [])
+        assert main(argv) == 0, capsys.readouterr().err
+        runs[spec] = [(i.prompt_ids, i.response_ids) for e in load_episodes(out / "episodes.jsonl").episodes
+                      for i in e.invocations]
+    assert runs["tiny"] == runs[str(preset_dir)] == runs[None]  # the same tokenizer each way
+
+
+def test_counts_print_as_integers():
+    summary = {"em": 1.0, "f1": 1.0, "sub_em": 1.0, "memory_tokens": 12.5, "calls": 4.0, "peak_context": 143.0,
+               "generated_tokens": 30.0}
+    rows = dict(line.rsplit("  ", 1) for line in format_table(summary, "h").splitlines()[3:])
+    assert rows["calls / episode".ljust(26)] == "4" and rows["peak context / episode".ljust(26)] == "143"
+    assert rows["memory tokens / write".ljust(26)] == "12.5" and rows["F1".ljust(26)] == "1.000"
 
 
 def test_module_entry_point(tmp_path):
@@ -78,12 +183,16 @@ def test_module_entry_point(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "F1" in res.stdout and (tmp_path / "run" / "summary.json").is_file()
+    bad = subprocess.run([sys.executable, "-m", "memopd.eval", "--agent", "oracle", "--model", "nope",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --model nope: unknown model spec")
+    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow
 def test_smollm2_memagent_through_the_cli(tmp_path, capsys):
     """SmolLM2-135M-Instruct answers LongQA questions for real (a couple of short episodes)."""
-    summary = main(["--agent", "memagent", "--model", "smollm2", "--episodes", "2", "--env-kwarg", "num_chunks=2",
+    summary = evaluate(["--agent", "memagent", "--model", "smollm2", "--episodes", "2", "--env-kwarg", "num_chunks=2",
                     "--env-kwarg", "fact_style='natural'", "--max-new-tokens", "16", "--answer-max-new-tokens", "8",
                     "--out", str(tmp_path), "--no-progress"])
     assert summary["n"] == 2 and summary["calls"] == 3.0 and summary["model"] == "smollm2"
