@@ -1,5 +1,7 @@
-"""End-to-end trainer tests on tiny models: steps run, kill-and-resume is exact, NaN losses are
-handled, bad input is refused, and OPD lowers the student's KL to its teacher."""
+"""End-to-end trainer tests on tiny models: steps run, kill-and-resume is exact (also for a kill
+at either side of a metrics row), NaN losses are handled, bad input is refused like a tool (no run
+directory left behind), the trained model is usable (run dir, checkpoint, export), and OPD lowers
+the student's KL to its teacher."""
 
 import json
 import os
@@ -61,6 +63,7 @@ def _run_cli(args, env):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     common = FAST + ["--steps", "3", "--save-every", "1", "--threads", "1"]
@@ -138,6 +141,7 @@ def test_teacher_with_another_vocabulary_is_refused(tmp_path):
         train.Trainer(cfg, log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_opd_only_lowers_kl_to_the_teacher(tmp_path):
     cfg = _cfg(tmp_path / "run", "--steps", "24", "--reward", "none", "--lr", "3e-3", "--save-every", "100",
                "--sample-episodes", "0", "--threads", "2", "--opd-divergence", "rkl",  # MemOPD's own KL
@@ -156,3 +160,250 @@ def test_student_dependent_defaults_are_resolved_and_explicit_flags_win():
     assert (real.lr, real.opd_divergence) == (train.MODEL_LR, "rkl")  # MemOPD's reverse KL
     given = train.resolve_defaults(train.TrainConfig(lr=1e-4, opd_divergence="jsd"))
     assert (given.lr, given.opd_divergence) == (1e-4, "jsd")
+
+
+# --- one short run, reused: the model it leaves is usable ----------------------------------------
+
+RUN2 = ["--steps", "2", "--save-every", "1", "--sample-episodes", "2", "--audit-every", "0"]
+
+
+def _rows(run):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run)]
+
+
+def _same_rows(a, b):
+    assert [(r["step"], sorted(r)) for r in a] == [(r["step"], sorted(r)) for r in b]
+    for ra, rb in zip(a, b):
+        for k, v in ra.items():
+            assert rb[k] == (pytest.approx(v, rel=1e-5, abs=1e-6) if isinstance(v, float) else v), (ra["step"], k)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 2-step run (checkpoint every step, 2 sample episodes per step) and its trainer."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    trainer = train.Trainer(_cfg(run, *RUN2), log=lambda m: None)
+    trainer.fit()
+    return run, trainer
+
+
+def test_run_dir_and_checkpoints_load_as_models_and_export(trained, tmp_path):
+    from agents import models
+    from memopd import export
+
+    run, trainer = trained
+    want = trainer.student.state_dict()
+
+    def same(model):
+        got = model.state_dict()
+        return got.keys() == want.keys() and all(torch_equal(got[k], want[k]) for k in want)
+
+    assert (run / "model" / "config.json").is_file() and (run / "model" / "tokenizer.json").is_file()
+    assert same(models.load(run)[0])  # the run directory: its final model
+    assert same(models.load(run / "checkpoints" / "step-000002")[0])  # a checkpoint: base model + its weights
+    out = export.export(run / "checkpoints" / "step-000002", tmp_path / "exported")
+    assert same(models.load(out)[0]) and (out / "config.json").is_file()
+    assert oct((out).stat().st_mode & 0o777) == "0o755"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # written aside, renamed
+
+
+def test_export_cli_refuses_an_existing_output_and_a_non_model(trained, tmp_path, capsys):
+    from memopd import export
+
+    run, _ = trained
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("keep")
+    assert export.main([str(run), "--out", str(tmp_path / "taken")]) == 2
+    assert "error: " in capsys.readouterr().err and (tmp_path / "taken" / "x").read_text() == "keep"
+    assert export.main([str(tmp_path / "taken"), "--out", str(tmp_path / "o")]) == 2
+    assert "has no config.json" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_evaluating_the_export_gives_the_in_process_greedy_outputs(trained, tmp_path):
+    from agents import models
+    from agents.backends import GenerationRequest, HFBackend, SamplingParams
+    from memopd import eval as evalcli
+    from memopd import export
+
+    run, trainer = trained
+    out = export.export(run, tmp_path / "exported")
+    ids = trainer.tokenizer("question : where does the person work ?")["input_ids"]
+    sp = SamplingParams(greedy=True, max_new_tokens=12, seed=0)
+    req = [GenerationRequest(prompt_ids=ids, prefix_len=0, role="memory")]
+    expect = HFBackend(trainer.student, trainer.tokenizer).generate(req, sp)[0].response_ids
+    model, tok = models.load(out)
+    assert HFBackend(model, tok).generate(req, sp)[0].response_ids == expect
+    responses = []
+    for spec in (out, run):  # the export and the run directory itself evaluate the same
+        d = tmp_path / f"eval-{len(responses)}"
+        assert evalcli.main(["--agent", "memagent", "--model", str(spec), "--episodes", "2", "--env-kwarg",
+                             "num_chunks=2", "--max-new-tokens", "12", "--out", str(d), "--no-progress"]) == 0
+        lines = (d / "episodes.jsonl").read_text().splitlines()
+        responses.append([[i["response_ids"] for i in json.loads(line)["invocations"]] for line in lines])
+    assert responses[0] == responses[1]
+
+
+def torch_equal(a, b):
+    import torch
+
+    return torch.equal(a, b)
+
+
+def test_sample_episodes_carry_the_teacher_kl_per_token(trained):
+    from agents.records import load_episodes
+
+    run, _ = trained
+    eps = load_episodes(run / "episodes" / "step-000001.jsonl").episodes
+    assert len(eps) == 2
+    for inv in (i for e in eps for i in e.invocations):
+        kl = inv.meta["teacher_kl"]
+        assert len(kl) == len(inv.response_ids) and inv.meta["teacher_mode"] == "aligned"
+        assert all(isinstance(x, float) and x >= -1e-6 for x in kl)  # --teacher-mask both: every token
+
+
+def test_resume_keeps_settings_and_records_what_it_changes(trained, tmp_path):
+    import shutil
+
+    run, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    logs = []
+    cfg = train.prepare(train.TrainConfig(resume=str(copy), steps=3), explicit={"steps"})
+    assert cfg.questions_per_step == 2 and cfg.env_kwargs == {"num_chunks": 2}  # the saved settings
+    train.Trainer(cfg, log=logs.append).fit()
+    text = (copy / "config.toml").read_text()
+    assert "steps = 3\n" in text and text.startswith("# resumed at step 2 on ")
+    assert "steps 2 -> 3" in text and any("steps 2 -> 3" in m and "config.toml" in m for m in logs)
+    assert [r["step"] for r in read_metrics(copy) if "loss" in r] == [1, 2, 3]
+
+
+def test_update_does_not_write_into_the_packed_batch_and_reseeds_publicly(tmp_path, monkeypatch):
+    from agents.backends.hf import HFBackend
+
+    trainer = train.Trainer(_cfg(tmp_path / "run", "--steps", "1"), log=lambda m: None)
+    packed, seeds = [], []
+    real_pack = train.pack_episodes
+
+    def spy_pack(*args, **kwargs):
+        batch = real_pack(*args, **kwargs)
+        packed.append((batch, batch.advantages.clone()))
+        return batch
+
+    real_reseed = HFBackend.reseed
+    monkeypatch.setattr(train, "pack_episodes", spy_pack)
+    monkeypatch.setattr(HFBackend, "reseed", lambda self, seed: (seeds.append(seed), real_reseed(self, seed)))
+    trainer.train_step()
+    batch, before = packed[0]
+    assert torch_equal(batch.advantages, before)  # the packer's output is read, never written
+    assert seeds == [0]  # seed 0, step 0: the step's own seed, through the public API
+
+
+# --- bad input fails like a tool ---------------------------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "no-such-model"], "unknown model spec 'no-such-model'"),
+    (["--model", "./missing/model-dir"], "model path not found"),
+    (["--teacher", "./missing/teacher"], "model path not found"),
+    (["--env-kwarg", "num_chunkz=3"], "unknown option(s) ['num_chunkz']"),
+    (["--env", "memgym/Nope-v0"], "unknown memgym env"),
+    (["--steps", "many"], "--steps: expected an integer, got 'many'"),
+])
+def test_bad_input_is_one_error_line_and_leaves_no_run_dir(tmp_path, capsys, args, says):
+    code = train.main(FAST + ["--run-dir", str(tmp_path / "run")] + args)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"error: " in err and says in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_wrong_type_in_toml_config_is_an_error_line(tmp_path, capsys):
+    f = tmp_path / "c.toml"
+    f.write_text("steps = 2\nclip_eps = \"big\"\n")
+    assert train.main(["--config", str(f), "--run-dir", str(tmp_path / "run")]) == 2
+    assert f"error: {f}: --clip-eps='big' is str; expected a number" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_run_dir_is_an_error_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert train.main(FAST + ["--run-dir", str(tmp_path / "file" / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "Not a directory" in err and "Traceback" not in err
+
+
+def test_a_start_that_fails_before_its_first_checkpoint_leaves_no_run_dir(tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "checkpoints"))
+
+    monkeypatch.setattr(train.checkpoint, "save", full_disk)
+    assert train.main(FAST + ["--run-dir", str(tmp_path / "run"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "No space left on device; free some disk space" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_with_checkpoints_is_not_overwritten(trained, capsys):
+    run, _ = trained
+    assert train.main(FAST + ["--run-dir", str(run)]) == 2
+    assert f"--resume {run}" in capsys.readouterr().err
+
+
+def test_resume_without_a_usable_checkpoint_is_an_error_line(trained, tmp_path, capsys):
+    import shutil
+
+    run, _ = trained
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(run / "config.toml", empty / "config.toml")
+    assert train.main(["--resume", str(empty)]) == 2
+    assert "error: no checkpoint in" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    shutil.copytree(run, broken)
+    for ck in checkpoint.list_checkpoints(broken):
+        (ck / "trainer.pt").write_bytes(b"not a checkpoint")
+    assert train.main(["--resume", str(broken)]) == 2
+    assert "error: every checkpoint in" in capsys.readouterr().err
+    assert train.main(["--resume", str(tmp_path / "nowhere")]) == 2
+    assert "no config.toml there" in capsys.readouterr().err
+
+
+def test_help_lists_choices_defaults_once_and_the_description(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert "--advantage {grpo,gae}" in out and "--attn {sdpa,eager,blocks,flex,flash}" in out
+    assert "--progress, --no-progress" in out and "--tensorboard, --no-tensorboard" in out
+    assert "--env-kwarg KEY=VALUE" in out and "One step, top to bottom" in out  # the full description
+    assert out.count("(default: 0.2)") == 1 and "(default: 0.2) (default" not in out
+    flat = " ".join(out.split())
+    assert "threads ran 5-40x slower (default" not in flat  # THREADS_HELP says its default itself
+
+
+# --- kills at either side of a metrics row lose and duplicate nothing ---------------------------
+
+class Killed(BaseException):
+    """Stands for SIGKILL at an exact point."""
+
+
+@pytest.mark.parametrize("when", ["step-0 row", "final eval row"])
+def test_kill_next_to_a_metrics_row_then_resume_matches_the_uninterrupted_run(trained, tmp_path, monkeypatch,
+                                                                              when):
+    from memopd.runlog import RunLogger
+
+    real_log = RunLogger.log
+
+    def log_then_die(self, step, metrics):
+        real_log(self, step, metrics)  # the row is on disk ...
+        if (when == "step-0 row" and step == 0) or (when == "final eval row" and step == 2 and "loss" not in metrics):
+            raise Killed  # ... and the process dies before anything else
+
+    monkeypatch.setattr(RunLogger, "log", log_then_die)
+    run = tmp_path / "run"
+    with pytest.raises(Killed):
+        train.Trainer(_cfg(run, *RUN2), log=lambda m: None).fit()
+    monkeypatch.undo()
+    train.Trainer(train.prepare(train.TrainConfig(resume=str(run))), log=lambda m: None).fit()
+    _same_rows(_rows(trained[0]), _rows(run))
