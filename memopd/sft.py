@@ -126,6 +126,11 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
 def check_writable(directory: Path) -> None:
     """Fail now, not after training, when ``directory`` cannot take the output (read-only, full,
     or not a directory); makes the directory when it is missing."""
+    for p in (directory, *directory.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"--out: {p} is a file, not a directory; choose another --out")
+            break
     directory.mkdir(parents=True, exist_ok=True)
     tempfile.TemporaryDirectory(prefix=".write-check-", dir=directory).cleanup()
 

@@ -174,3 +174,22 @@ def test_smollm2_from_gguf_is_cached_and_answers(tmp_path, monkeypatch):
     inv = HFBackend(model, tok).generate([GenerationRequest(prompt, prefix_len=0, role="answer")],
                                          SamplingParams(greedy=True, max_new_tokens=20))[0]
     assert "Paris" in inv.response_text and inv.finish_reason == "eos"
+
+
+def test_save_pretrained_is_atomic_with_normal_permissions(tmp_path, tiny):
+    model, tok = tiny
+    out = models.save_pretrained(tmp_path / "m", model, tok, files={"note.txt": "hi"})
+    assert oct(out.stat().st_mode & 0o777) == "0o755" and (out / "note.txt").read_text() == "hi"
+    again = models.save_pretrained(out, model, tok)  # replaces the previous one
+    assert not (again / "note.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    assert state_equal(models.load(out)[0], model)
+
+
+def test_directories_that_hold_no_model_say_what_is_expected(tmp_path):
+    with pytest.raises(ModelLoadError, match="a training run directory"):
+        models.load(tmp_path)
+    (tmp_path / "config.toml").write_text('model = "tiny"\n')
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ModelLoadError, match="no final model .* and no checkpoint yet"):
+        models.load(tmp_path)

@@ -1,0 +1,77 @@
+"""memopd.sft: shared options with the trainer, one atomic save with normal permissions, and
+bad input reported as one error line."""
+
+import json
+
+import pytest
+
+from memopd import sft
+
+FAST = ["--model", "tiny", "--env-kwarg", "num_chunks=2", "--num-episodes", "4", "--steps", "1",
+        "--batch-episodes", "2", "--no-progress", "--threads", "1"]
+
+
+def test_sft_cli_writes_a_loadable_model_with_normal_permissions(tmp_path):
+    from agents import models
+
+    out = tmp_path / "out"
+    assert sft.main(FAST + ["--out", str(out), "--lr-schedule", "linear"]) == 0
+    assert oct(out.stat().st_mode & 0o777) == "0o755"
+    saved = json.loads((out / "sft_config.json").read_text())
+    assert saved["env_kwargs"] == {"num_chunks": 2} and saved["lr_schedule"] == "linear"
+    assert len((out / "sft_metrics.jsonl").read_text().splitlines()) == 1
+    models.load(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing left aside
+
+
+def test_a_failed_save_leaves_nothing_and_keeps_the_old_output(tmp_path, monkeypatch):
+    from agents import models
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    model, tok = models.load("tiny")
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(tok), "save_pretrained", broken)
+    with pytest.raises(OSError):
+        models.save_pretrained(out, model, tok)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (out / "old.txt").read_text() == "old"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "no-such-model"], "unknown model spec"),
+    (["--episodes", "missing.jsonl"], "missing.jsonl"),
+    (["--env-kwarg", "num_chunkz=2"], "unknown option(s) ['num_chunkz']"),
+    (["--attn", "flesh"], "choose one of ['sdpa', 'eager', 'blocks', 'flex', 'flash']"),
+    (["--progress", "false"], "unrecognized arguments: false"),
+])
+def test_bad_input_is_one_error_line(tmp_path, capsys, args, says):
+    with pytest.raises(SystemExit) if says.startswith("unrecognized") else _no_exit() as e:
+        code = sft.main(FAST + ["--out", str(tmp_path / "out")] + args)
+    code = e.value.code if hasattr(e, "value") else code
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+class _no_exit:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_unwritable_output_fails_before_training(tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before checking the output directory")
+
+    monkeypatch.setattr(sft, "train_sft", no_training)
+    assert sft.main(FAST + ["--out", str(tmp_path / "file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error: --out: ") and "is a file, not a directory" in err
