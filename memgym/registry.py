@@ -242,6 +242,10 @@ def load_task(folder: str | Path) -> TaskSpec:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise TaskConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise TaskConfigError(f"{path}: not UTF-8 text; a task.toml is a UTF-8 TOML file") from None
+    except OSError as exc:
+        raise TaskConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     allowed = {"name", "version", "description", "source", "data", "env", "source_kwargs", "splits"}
     for key in raw:
         _expect(key in allowed, path, key, f"unknown key; allowed keys are {sorted(allowed)}")

@@ -279,3 +279,13 @@ def test_a_generated_task_accepts_only_its_splits(tmp_path):
     (tmp_path / "Bad" / "task.toml").write_text('name = "Bad"\ndata = "data.jsonl"\nsplits = ["dev"]\n')
     with pytest.raises(memgym.TaskConfigError, match="'splits': only a generated task"):
         load_task(tmp_path / "Bad")
+
+
+def test_a_binary_task_toml_is_skipped_not_fatal(tmp_path):
+    folder = tmp_path / "Garbage"
+    folder.mkdir()
+    (folder / "task.toml").write_bytes(b"\xff\xfe\x00 not toml")
+    with pytest.raises(memgym.TaskConfigError, match=f"{folder / 'task.toml'}: not UTF-8 text"):
+        load_task(folder)
+    with pytest.warns(UserWarning, match="skipping task folder.*not UTF-8 text"):
+        register_tasks([tmp_path])
