@@ -443,7 +443,7 @@ class Trainer:
         self.log(f"resume changes settings (recorded in {path}): {what}")
         header = cfgmod.toml_header(path) + [f"resumed at step {self.step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                                              f"{what}"]
-        cfgmod.save_toml(self.cfg, path, header)
+        cfgmod.save_toml(dataclasses.replace(self.cfg, resume=None), path, header)  # as a fresh start writes it
 
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:

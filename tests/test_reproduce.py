@@ -28,6 +28,7 @@ def smoke(reproduce, tmp_path_factory):
     return out, json.loads((out / "results-fkl.json").read_text())
 
 
+@pytest.mark.slow
 def test_every_arm_ran_with_the_same_budget(reproduce, smoke):
     out, res = smoke
     assert list(res["table"]) == list(reproduce.ARMS)
@@ -50,6 +51,7 @@ def test_every_arm_ran_with_the_same_budget(reproduce, smoke):
             assert f"{key} = {json.dumps(value)}" in text
 
 
+@pytest.mark.slow
 def test_report_holds_table_plot_and_alignment(smoke):
     out, res = smoke
     assert (out / "curves-fkl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -64,6 +66,7 @@ def test_report_holds_table_plot_and_alignment(smoke):
     assert abs(al["teacher_shift"][0]["mean_gap"]) <= 1e-5
 
 
+@pytest.mark.slow
 def test_rerun_reuses_finished_work(reproduce, smoke, capsys):
     out, res = smoke
     mtime = (out / "runs" / "fkl" / "ppo" / "seed-0" / "summary.json").stat().st_mtime

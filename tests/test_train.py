@@ -274,6 +274,7 @@ def test_resume_keeps_settings_and_records_what_it_changes(trained, tmp_path):
     text = (copy / "config.toml").read_text()
     assert "steps = 3\n" in text and text.startswith("# resumed at step 2 on ")
     assert "steps 2 -> 3" in text and any("steps 2 -> 3" in m and "config.toml" in m for m in logs)
+    assert "resume =" not in text  # the file still reads as the run's config
     assert [r["step"] for r in read_metrics(copy) if "loss" in r] == [1, 2, 3]
 
 
