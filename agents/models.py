@@ -80,7 +80,8 @@ def load(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device:
     elif "/" not in s:
         raise ModelLoadError(
             f"unknown model spec {s!r}: not a preset and not an existing path. Presets: {', '.join(PRESET_NAMES)}; "
-            "or pass a local model directory, a .gguf file, or a hub id like 'org/name'")
+            "or pass a local model directory, a training run directory or checkpoint, a .gguf file, or a hub id like "
+            "'org/name'")
     else:
         return _finish(*_load_hub(s), dtype=dtype, device=device, what=s)
     return _finish(*_load_dir(path), dtype=dtype, device=device, what=s)

@@ -350,8 +350,8 @@ class Trainer:
             self.opt, cfgmod.lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
         self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
                            if self.critic is not None else None)
-        self.audit = (RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn,
-                                   max_tokens=cfg.pack_tokens, strict=False) if cfg.audit_every else None)
+        self.audit = (RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn, strict=False)
+                      if cfg.audit_every else None)
         self.step = 0
         self.bad_steps = 0
         self.history: dict[str, Any] = {}
