@@ -313,7 +313,7 @@ def test_bad_input_is_one_error_line_and_leaves_no_run_dir(tmp_path, capsys, arg
     code = train.main(FAST + ["--run-dir", str(tmp_path / "run")] + args)
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert f"error: " in err and says in err, err
+    assert "error: " in err and says in err, err
     assert not (tmp_path / "run").exists()
 
 
