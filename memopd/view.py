@@ -33,22 +33,38 @@ What each invocation card shows, and where it comes from:
                    one per token, carries the colours), and a per-turn KL summary.
 
 An episode counts as a failure when its F1 (``metrics["f1"]``, else the reward) is below 1.
+Whole numbers print as integers and timestamps (``timing.start``) as UTC date-times.
+
+A training run's episodes (the run directory, or one of its ``episodes/step-N.jsonl``) are
+decoded with the run's own tokenizer (its final ``model/``, else the base model named in its
+``config.toml``) unless ``--tokenizer`` names another, so the teacher-KL heatmap shows tokens.
+``--text`` fits the terminal's width: other columns are truncated, then dropped, before the
+prediction is.
+
+A source with no episodes (an empty file, a file of other JSON, a binary file, a directory
+without episodes) is an error, like a missing path or an unknown ``--episode``: the viewer
+prints ``error: <what, where, how to fix>`` on stderr and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import html
 import json
 import math
+import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
 from agents.records import Episode, Invocation, load_episodes
+from memgym.cli import describe, run_main
 from memgym.scoring import METRICS, normalize_answer, score_answer
 from memopd.runlog import PANELS, read_metrics
 
@@ -106,6 +122,39 @@ def load_source(path: str | Path) -> Source:
                       "episodes/step-N.jsonl (training run): point the viewer at one of those")
 
 
+def check_has_episodes(src: Source) -> None:
+    """A source with nothing to show is an error that says why: an empty file, lines that are not
+    episode records (another JSON, a binary file), or a directory without episodes. A training
+    run that has logged metrics but no sample episodes yet still has its curves to show."""
+    if src.episodes or (src.kind == "run" and src.metrics):
+        return
+    file = src.path if src.path.is_file() else src.path / "episodes.jsonl"
+    if file.is_file() and looks_binary(file):
+        why = "it is binary data, not JSONL text"
+    elif src.errors:
+        why = f"{len(src.errors)} line(s) are not episode records, e.g. {src.errors[0]}"
+    elif src.kind == "run":
+        why = "the run has logged no metrics and saved no episodes/step-N.jsonl yet"
+    else:
+        why = "it is empty"
+    raise ViewerError(f"{src.path} holds no episodes: {why}. Give a JSONL file of episode records, one per "
+                      "line (agents.records; an eval's episodes.jsonl, a training run's episodes/step-N.jsonl), "
+                      "an eval output directory or a training run directory")
+
+
+def looks_binary(file: Path, probe: int = 8192) -> bool:
+    """Whether a file's first bytes hold a NUL or are not UTF-8 (JSONL is UTF-8 text)."""
+    with file.open("rb") as fh:
+        head = fh.read(probe)
+    if b"\0" in head:
+        return True
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a character cut at the end is fine
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
 def _add_episodes(src: Source, file: Path, step: int | None) -> None:
     report = load_episodes(file)
     src.episodes.extend(report.episodes)
@@ -145,30 +194,42 @@ def _clean_metrics(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def load_tokenizer(spec: str) -> Any:
-    """Load a tokenizer: the agents' ``load_tokenizer`` when the project has one; a model preset
-    (``tiny``, ``smollm2``, ...) through :func:`agents.models.load`; else transformers'
-    ``AutoTokenizer`` (a tokenizer or model directory)."""
+    """Load a tokenizer without its model: a model preset (``tiny``, ``smollm2``, ...), a tokenizer
+    or model directory, a ``.gguf`` file or a training run directory, as
+    :func:`agents.oracle.load_tokenizer` reads them."""
     path = Path(spec).expanduser()
     if (path.is_absolute() or spec.startswith((".", "~"))) and not path.exists():
         raise ViewerError(f"could not load tokenizer {spec!r}: no such directory or file")
-    loader = None
-    if not path.exists():  # only names need the agents' loaders (they import torch)
-        try:
-            from agents import models
-        except ModuleNotFoundError as exc:
-            if exc.name not in ("agents.models", "agents"):
-                raise
-        else:
-            loader = getattr(models, "load_tokenizer", None)
-            if loader is None and spec in getattr(models, "PRESET_NAMES", ()):
-                loader = lambda name: models.load(name)[1]  # noqa: E731 (builds/caches the preset)
     try:
-        if loader is not None:
-            return loader(spec)
-        from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(spec)
+        from agents.oracle import load_tokenizer as tokenizer_of
+
+        return tokenizer_of(spec)
     except Exception as exc:  # any loader failure means the same thing to the user
         raise ViewerError(f"could not load tokenizer {spec!r}: {exc}") from exc
+
+
+def run_tokenizer_spec(path: Path) -> str | None:
+    """The tokenizer a training run's episodes were sampled with: the run's final ``model/``
+    directory, else the base model its ``config.toml`` names. ``path`` is the run directory or
+    one of its ``episodes/step-N.jsonl`` files; None when it is not part of a run."""
+    run = path.parent.parent if path.is_file() and _STEP_FILE.match(path.name) else path
+    if not (run / "config.toml").is_file():
+        return None
+    if any((run / "model" / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return str(run / "model")
+    try:
+        model = _tomllib().loads((run / "config.toml").read_text(encoding="utf-8")).get("model")
+    except (OSError, UnicodeDecodeError, ValueError):  # TOMLDecodeError is a ValueError
+        return None
+    return model if isinstance(model, str) else None
+
+
+def _tomllib() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return tomllib
 
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
@@ -332,7 +393,7 @@ def invocation_card(inv: Invocation, tokenizer: Any, prev_memory: str | None) ->
         "logp_mean": sum(inv.logprobs) / len(inv.logprobs) if inv.logprobs else None,
         "segments": prompt_segments(inv, tokenizer, prev_memory), "state": None,
         "sampling": _short_json(inv.sampling, 200) if inv.sampling else None,
-        "timing": {k: _finite(v) for k, v in inv.timing.items() if _is_number(v)},
+        "timing": timing_fields(inv.timing),
         "teacher_mode": None if inv.meta.get("teacher_mode") is None else str(inv.meta["teacher_mode"]),
     }
     if tokenizer is not None and not prompt_spans(inv) and not any(
@@ -449,9 +510,17 @@ def render_html(src: Source, tokenizer: Any = None, failures_only: bool = False,
 
 
 def write_report(src: Source, out: str | Path, **kwargs: Any) -> Path:
+    """Write the report beside its final name, then rename it: a failed write (full disk) leaves
+    no half report, and an existing one stays whole until the new one is complete."""
     out = Path(out)
+    text = render_html(src, **kwargs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(src, **kwargs), encoding="utf-8")
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
@@ -460,6 +529,17 @@ def default_output(path: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- terminal summary
+
+
+SHOWN_ERRORS = 5  # skipped lines named one by one; a binary file has thousands
+
+
+def skipped_lines(errors: Sequence[str]) -> list[str]:
+    """``skipped FILE:LINE: why`` for the first few bad lines, then how many more there are."""
+    lines = [f"skipped {err}" for err in errors[:SHOWN_ERRORS]]
+    if len(errors) > SHOWN_ERRORS:
+        lines.append(f"... and {len(errors) - SHOWN_ERRORS} more skipped lines (the HTML report lists them)")
+    return lines
 
 
 def find_episode(src: Source, key: str | int) -> int:
@@ -483,38 +563,24 @@ def print_text(src: Source, console: Any = None, episode: str | int | None = Non
     from rich.table import Table
     from rich.text import Text
 
-    console = console or Console()
+    # the terminal's width as the shell reports it (COLUMNS, else the tty); 80 when piped
+    console = console or Console(width=shutil.get_terminal_size().columns)
     picked = [i for i, ep in enumerate(src.episodes) if not failures_only or is_failure(ep)]
     f1s = [episode_f1(ep) for ep in src.episodes]
     head = Text(f"{src.path} ({src.kind}): {len(src.episodes)} episodes", style="bold")
     if f1s:
         head.append(f", mean F1 {sum(f1s) / len(f1s):.3f}, {sum(f < 1 for f in f1s)} failures (F1 < 1)")
     console.print(head)
-    for err in src.errors:
-        console.print(Text(f"skipped {err}", style="yellow"))
+    for line in skipped_lines(src.errors):
+        console.print(Text(line, style="yellow"))
     if src.metrics:
         last = src.metrics[-1]
         keys = [k for _, ks in PANELS for k in ks if last.get(k) is not None]
         console.print(Text(f"last logged step {last['step']}: " + ", ".join(f"{k}={last[k]:.4g}" for k in keys)))
 
-    table = Table(title="failures" if failures_only else "episodes", title_justify="left", box=box.SIMPLE_HEAD,
-                  caption="ctx: peak context tokens of a call; mem: largest memory written (tokens); KL: mean teacher KL",
-                  caption_justify="left")
-    numeric = {"#": len(str(len(src.episodes))), "F1": 4, "calls": 5, "ctx": 5, "mem": 4, "KL": 5}  # min widths
-    for col in ("#", "task", "sample", "F1", "calls", "ctx", "mem", "KL"):
-        if col in numeric:
-            table.add_column(col, justify="right", no_wrap=True, min_width=numeric[col])
-        else:
-            table.add_column(col, no_wrap=True, overflow="ellipsis", min_width=6, max_width=18)
-    for col in ("prediction", "gold"):
-        table.add_column(col, no_wrap=True, overflow="ellipsis", ratio=1)
-    for i in picked[:limit]:
-        r = episode_row(src.episodes[i], i, src.steps[i])
-        f1 = episode_f1(src.episodes[i])
-        table.add_row(str(i), Text(r["task"]), Text(r["sample"]),
-                      Text(f"{f1:.2f}", style="green" if f1 >= 1 else ("yellow" if f1 > 0 else "red")),
-                      str(r["calls"]), str(r["ctx"]), str(r["mem"]),
-                      "" if r["kl"] is None else f"{r['kl']:.3f}", Text(r["pred"]), Text(r["gold"]))
+    rows = [(i, episode_row(src.episodes[i], i, src.steps[i])) for i in picked[:limit]]
+    table = index_table(rows, console.width, Table, Text, box)
+    table.title = "failures" if failures_only else "episodes"
     console.print(table)
     if len(picked) > limit:
         console.print(Text(f"... {len(picked) - limit} more (the HTML report lists them all)", style="dim"))
@@ -525,13 +591,71 @@ def print_text(src: Source, console: Any = None, episode: str | int | None = Non
     _print_episode(console, src.episodes[k], k, tokenizer, Panel, Text)
 
 
+INDEX_COLUMNS = ("#", "task", "sample", "F1", "calls", "ctx", "mem", "KL", "prediction", "gold")
+NUMERIC_COLUMNS = ("#", "F1", "calls", "ctx", "mem", "KL")
+SHRINK = {"gold": 6, "task": 6, "sample": 6}  # truncated (with an ellipsis) first, to this width
+DROP = ("gold", "KL", "mem", "ctx", "calls", "task", "sample")  # then dropped, in this order
+PREDICTION_MIN = len("prediction")  # the prediction keeps at least its header's width (or all of it)
+COLUMN_CAPTIONS = {"ctx": "ctx: peak context tokens of a call", "mem": "mem: largest memory written (tokens)",
+                   "KL": "KL: mean teacher KL"}
+
+
+def index_cells(i: int, r: dict[str, Any]) -> dict[str, str]:
+    """The text of one index row, by column."""
+    return {"#": str(i), "task": r["task"], "sample": r["sample"], "F1": _num(episode_f1_of_row(r), 2), "calls": str(r["calls"]), "ctx": str(r["ctx"]), "mem": str(r["mem"]),
+            "KL": "" if r["kl"] is None else _num(r["kl"], 3), "prediction": r["pred"], "gold": r["gold"]}
+
+
+def fit_columns(cells: Sequence[dict[str, str]], width: int, has_kl: bool) -> dict[str, int]:
+    """Column widths that fit ``width`` terminal columns and keep the prediction: other text
+    columns are truncated first, then whole columns dropped (gold, KL, counts, task, sample)."""
+    cols = [c for c in INDEX_COLUMNS if has_kl or c != "KL"]
+    widths = {c: max([len(c)] + [len(row[c]) for row in cells]) for c in cols}
+    pred_min = min(widths["prediction"], PREDICTION_MIN)
+
+    def room() -> int:  # what is left for the prediction (each column takes 3 more, the table 1)
+        return width - 1 - 3 * len(widths) - sum(w for c, w in widths.items() if c != "prediction")
+
+    for col, least in SHRINK.items():
+        if room() < widths["prediction"]:
+            widths[col] = max(least, min(widths[col], widths[col] - (widths["prediction"] - room())))
+    for col in DROP:
+        if room() >= pred_min:
+            break
+        widths.pop(col, None)
+    widths["prediction"] = max(1, min(widths["prediction"], room()))
+    return widths
+
+
+def index_table(rows: Sequence[tuple[int, dict[str, Any]]], width: int, Table: Any, Text: Any, box: Any) -> Any:
+    """The episode index as a rich table no wider than ``width``."""
+    cells = [index_cells(i, r) for i, r in rows]
+    widths = fit_columns(cells, width, has_kl=any(r["kl"] is not None for _, r in rows))
+    captions = [text for col, text in COLUMN_CAPTIONS.items() if col in widths]
+    table = Table(title_justify="left", box=box.SIMPLE_HEAD, caption="; ".join(captions) or None,
+                  caption_justify="left")
+    for col, w in widths.items():
+        table.add_column(col, justify="right" if col in NUMERIC_COLUMNS else "left", no_wrap=True,
+                         overflow="ellipsis", width=w)
+    for (i, r), row in zip(rows, cells):
+        f1 = episode_f1_of_row(r)
+        table.add_row(*[Text(row[col], style=("green" if f1 >= 1 else "yellow" if f1 > 0 else "red")
+                             if col == "F1" else "") for col in widths])
+    return table
+
+
+def episode_f1_of_row(r: dict[str, Any]) -> float:
+    value = r["f1"] if r["f1"] is not None else r["reward"]
+    return float(value) if _is_number(value) else 0.0
+
+
 def _print_episode(console: Any, ep: Episode, k: int, tokenizer: Any, Panel: Any, Text: Any) -> None:
     d = episode_detail(ep, None, tokenizer)
     console.print(Text(f"\nepisode {k}: {ep.episode_id}  task {ep.task_id}  sample {ep.sample_id}", style="bold"))
     console.print(Text(f"question:   {ep.question}"))
     console.print(Text(f"gold:       {' | '.join(ep.answers)}"))
     console.print(Text(f"prediction: {ep.prediction}"))
-    console.print(Text("scores:     " + "  ".join(f"{m}={v:.3f}" for m, v in d["metrics"].items() if v is not None)))
+    console.print(Text("scores:     " + "  ".join(f"{m}={_num(v, 3)}" for m, v in d["metrics"].items() if v is not None)))
     for c in d["calls"]:
         body = Text()
         for seg in c["segments"]:
@@ -575,6 +699,33 @@ def _clip(text: str, n: int = 400) -> str:
 # ----------------------------------------------------------------------------- small helpers
 
 
+def _num(v: float | int, digits: int) -> str:
+    """A number as people read it: whole numbers as integers (``3``, not ``3.0``), others with
+    ``digits`` decimals."""
+    return str(int(v)) if float(v).is_integer() else f"{v:.{digits}f}"
+
+
+TIME_KEY = re.compile(r"(^|_)(start|end|time|timestamp|at|started|finished)$")
+EPOCH_RANGE = (1e9, 1e10)  # seconds since 1970: 2001 .. 2286; smaller values are durations
+
+
+def timing_fields(timing: dict[str, Any]) -> dict[str, float | int | str]:
+    """An invocation's timing for display: points in time (``start``, ``end``, ``*_time``) as
+    UTC date-times, durations as numbers; non-numbers and non-finite values left out."""
+    out: dict[str, float | int | str] = {}
+    for key, v in timing.items():
+        if not _is_number(v) or not math.isfinite(v):
+            continue
+        is_time = TIME_KEY.search(str(key)) and EPOCH_RANGE[0] <= v < EPOCH_RANGE[1]
+        out[key] = format_time(v) if is_time else v
+    return out
+
+
+def format_time(seconds: float) -> str:
+    """``1796062579.07`` -> ``2026-11-30 18:16:19 UTC``."""
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -597,40 +748,69 @@ def _short_json(obj: Any, n: int = 2000) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m memopd.view", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    from memopd.eval import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="python -m memopd.view", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("source", help="episodes JSONL file, eval output directory or training run directory")
     p.add_argument("-o", "--output", help="HTML report to write (default: SOURCE.html beside a file, "
                    "DIR/report.html for a directory; with --text, only when given)")
-    p.add_argument("--text", action="store_true", help="print a terminal summary (index + one episode's calls)")
+    p.add_argument("--text", action="store_true", help="print a terminal summary (index + one episode's calls), "
+                   "as wide as the terminal")
     p.add_argument("--episode", help="episode to show (index in the source or episode_id): printed with "
                    "--text, opened in the HTML report")
     p.add_argument("--failures-only", action="store_true", help="list only failures (F1 < 1)")
-    p.add_argument("--tokenizer", help="tokenizer (directory or name) to decode prompts and split actions "
-                   "into tokens; without it the viewer shows recorded texts and token counts")
-    p.add_argument("--limit", type=int, default=20, help="index rows printed with --text (default 20)")
+    p.add_argument("--tokenizer", help="tokenizer to decode prompts and split actions into tokens: a model "
+                   "preset (tiny, smollm2, ...), a tokenizer or model directory, a .gguf file (default: a "
+                   "training run's own tokenizer; otherwise recorded texts and token counts are shown)")
+    p.add_argument("--limit", type=int, default=20, help="index rows printed with --text")
     return p.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def pick_tokenizer(spec: str | None, src: Source) -> Any:
+    """``--tokenizer``, else a training run's own tokenizer (so its KL heatmap shows the tokens),
+    else None. The run's tokenizer is a convenience: when it cannot be loaded, say so and go on."""
+    if spec:
+        return load_tokenizer(spec)
+    run_spec = run_tokenizer_spec(src.path)
+    if run_spec is None:
+        return None
     try:
-        src = load_source(args.source)
-        tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-        open_k = find_episode(src, args.episode) if args.episode is not None else None
-        for err in src.errors:
-            print(f"warning: skipped {err}", file=sys.stderr)
-        if args.text:
-            print_text(src, episode=open_k, failures_only=args.failures_only, limit=args.limit,
-                       tokenizer=tokenizer)
-        if args.output or not args.text:
-            out = write_report(src, args.output or default_output(src.path), tokenizer=tokenizer,
-                               failures_only=args.failures_only, open_episode=open_k)
-            print(f"wrote {out} ({len(src.episodes)} episodes)", file=sys.stderr)
-    except (ViewerError, FileNotFoundError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        tokenizer = load_tokenizer(run_spec)
+    except ViewerError as exc:
+        print(f"warning: {exc}; showing token counts (pass --tokenizer to decode)", file=sys.stderr)
+        return None
+    print(f"decoding with the run's tokenizer ({run_spec}); pass --tokenizer to choose another", file=sys.stderr)
+    return tokenizer
+
+
+def view(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise ViewerError(f"--limit must be >= 1 (index rows printed with --text), got {args.limit}")
+    src = load_source(args.source)
+    check_has_episodes(src)
+    open_k = find_episode(src, args.episode) if args.episode is not None else None
+    tokenizer = pick_tokenizer(args.tokenizer, src)
+    for line in skipped_lines(src.errors):
+        print(f"warning: {line}", file=sys.stderr)
+    if args.text:
+        print_text(src, episode=open_k, failures_only=args.failures_only, limit=args.limit, tokenizer=tokenizer)
+    if args.output or not args.text:
+        out = Path(args.output) if args.output else default_output(src.path)
+        try:
+            write_report(src, out, tokenizer=tokenizer, failures_only=args.failures_only, open_episode=open_k)
+        except (FileExistsError, NotADirectoryError):
+            raise ViewerError(f"cannot write the report {out}: a parent of it is a file, not a directory; "
+                              "choose another place with -o") from None
+        except OSError as exc:
+            raise ViewerError(f"cannot write the report {out}: {describe(exc)} (choose another place with -o)") from None
+        print(f"wrote {out} ({len(src.episodes)} episodes)", file=sys.stderr)
     return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI: 0 on success; a source it cannot show prints ``error: ...`` and returns 2."""
+    args = parse_args(argv)
+    return run_main(lambda: view(args), errors=(ViewerError,))
 
 
 if __name__ == "__main__":

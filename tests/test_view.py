@@ -122,7 +122,7 @@ def test_prompt_parts_from_recorded_spans(tok):
     seg = decoded["calls"][2]["segments"]
     assert [s["source"] for s in seg] == ["decoded", "decoded"]
     assert seg[0]["text"] == SCRIPT_MEMORY
-    assert seg[1]["text"] == tok.decode(ep.invocations[2].prompt_ids[slice(*ep.invocations[2].meta["spans"]["chunk"])])
+    assert seg[1]["text"] == tok.decode(ep.invocations[2].prompt_ids[slice(*ep.invocations[2].spans["chunk"])])
     assert seg[1]["text"].startswith("Eun-ji works at") and decoded["calls"][2]["state"] is None
 
 
@@ -143,7 +143,7 @@ def test_prompt_parts_without_spans_or_texts(tok):
 def test_malformed_spans_are_skipped(tok):
     inv = sample_episodes(tok, 1)[0].invocations[1]
     n = len(inv.prompt_ids)
-    inv.meta["spans"] = {"memory": [5, 2], "chunk": [0, n + 1], "context": "x", "other": [n - 3, n - 1]}
+    inv.spans = {"memory": [5, 2], "chunk": [0, n + 1], "context": "x", "other": [n - 3, n - 1]}
     assert view.prompt_spans(inv) == {"other": (n - 3, n - 1)}
 
 
@@ -304,3 +304,163 @@ def test_many_episodes_stay_lazy(tok, tmp_path):
     assert len(index["rows"]) == 500 and index["options"]["page_size"] == view.PAGE_SIZE
     # the index stays small: the invocation data lives in the per-episode blocks
     assert len(tags[0][1]) < sum(len(v) for _, v in tags[1:]) / 4
+
+
+# ----------------------------------------------------------------------------- failing like a tool
+
+
+def fails(argv, capsys) -> str:
+    """The CLI refuses: exit 2, one ``error:`` line on stderr, no traceback, no report."""
+    assert view.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("empty.jsonl", b"", "it is empty"),
+    ("blank.jsonl", b"\n\n", "it is empty"),
+    ("summary.json", b'{\n  "f1": 1.0,\n  "calls": 4\n}\n', "line(s) are not episode records"),
+    ("other.jsonl", b'{"x": 1}\n{"y": 2}\n', "2 line(s) are not episode records, e.g. "),
+    ("list.json", b"[1, 2, 3]\n", "an episode must be a JSON object"),
+    ("data.bin", bytes(range(256)) * 40, "it is binary data, not JSONL text"),
+    ("latin1.jsonl", "café\n".encode("latin-1") * 3, "it is binary data, not JSONL text"),
+])
+def test_sources_without_episodes_are_errors(tmp_path, capsys, name, content, says):
+    path = tmp_path / name
+    path.write_bytes(content)
+    err = fails([str(path)], capsys)
+    assert f"error: {path} holds no episodes: " in err and says in err and "episodes.jsonl" in err
+    assert fails([str(path), "--text"], capsys) == err
+    assert list(tmp_path.iterdir()) == [path]  # no report written
+
+
+def test_directories_without_episodes_and_bad_options(tmp_path, episodes_file, capsys):
+    run = tmp_path / "run"
+    (run / "episodes").mkdir(parents=True)
+    (run / "config.toml").write_text('model = "tiny"\n')
+    assert "the run has logged no metrics and saved no episodes" in fails([str(run)], capsys)
+    eval_dir = tmp_path / "eval"
+    eval_dir.mkdir()
+    (eval_dir / "episodes.jsonl").write_text("")
+    assert f"{eval_dir} holds no episodes: it is empty" in fails([str(eval_dir)], capsys)
+    assert "--limit must be >= 1" in fails([str(episodes_file), "--text", "--limit", "0"], capsys)
+    assert "no episode '999': give an index 0..5" in fails([str(episodes_file), "--episode", "999"], capsys)
+    err = fails([str(episodes_file), "-o", str(episodes_file / "r.html")], capsys)
+    assert f"cannot write the report {episodes_file / 'r.html'}: a parent of it is a file" in err
+
+
+def test_binary_lines_among_episodes_are_counted_not_listed(episodes_file, tmp_path, capsys):
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(episodes_file.read_bytes() + (b"\xff\xfe\n" * 50))
+    assert view.main([str(mixed), "-o", str(tmp_path / "r.html")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("not UTF-8 text") == view.SHOWN_ERRORS and "and 45 more skipped lines" in err
+
+
+def test_help_lists_the_whole_description_and_defaults_once(capsys):
+    with pytest.raises(SystemExit):
+        view.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "A source with no episodes" in text and "teacher KL" in text  # not only the first paragraph
+    assert text.count("(default: 20)") == 1 and "(default: None)" not in text and "(default: False)" not in text
+
+
+# ----------------------------------------------------------------------------- numbers, times, width
+
+
+def test_whole_numbers_and_timestamps(tok, episodes_file, capsys):
+    ep = sample_episodes(tok, 1)[0]
+    ep.invocations[0].timing = {"start": 1796062579.06812, "end": 1796062579.5, "latency_s": 0.43, "tokens": 3.0,
+                                "bad": float("nan")}
+    card = view.episode_detail(ep, None)["calls"][0]
+    assert card["timing"] == {"start": "2026-11-30 18:16:19 UTC", "end": "2026-11-30 18:16:19 UTC",
+                              "latency_s": 0.43, "tokens": 3.0}
+    assert view._num(3.0, 2) == "3" and view._num(0.5, 2) == "0.50" and view._num(12, 3) == "12"
+    assert view.main([str(episodes_file), "--text", "--episode", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "em=1  f1=1  sub_em=1" in out and "1.00" not in out and "1.000" not in out
+
+
+def text_lines(argv, columns, monkeypatch, capsys) -> list[str]:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert view.main(argv) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("columns", [40, 60, 90, 200])
+def test_text_fits_the_terminal_and_keeps_the_prediction(tok, tmp_path, monkeypatch, capsys, columns):
+    eps = sample_episodes(tok, 4)
+    for ep in eps:
+        ep.task_id = "memgym/SomeRatherLongTaskName-v0"
+        ep.answers = ["a rather long gold answer that takes room", *ep.answers]
+    save_episodes(tmp_path / "e.jsonl", eps)
+    lines = text_lines([str(tmp_path / "e.jsonl"), "--text"], columns, monkeypatch, capsys)
+    assert max(len(line) for line in lines) <= columns
+    head = next(k for k, line in enumerate(lines) if line.split()[:1] == ["#"])
+    assert "prediction" in lines[head] and "F1" in lines[head]
+    rows = lines[head + 2: head + 2 + len(eps)]
+    for ep, row in zip(eps, rows):
+        assert ep.prediction in row  # short predictions are never cut
+    if columns >= 200:
+        assert "gold" in lines[head] and "task" in lines[head] and "KL" in lines[head]
+
+
+def test_fit_columns_truncates_before_dropping():
+    cells = [{"#": "0", "task": "t" * 30, "sample": "s" * 20, "F1": "1", "calls": "4", "ctx": "143", "mem": "9",
+              "KL": "0.500", "prediction": "p" * 30, "gold": "g" * 40}]
+    wide = view.fit_columns(cells, 300, has_kl=True)
+    assert wide["task"] == 30 and wide["gold"] == 40 and wide["prediction"] == 30
+    mid = view.fit_columns(cells, 100, has_kl=True)
+    assert set(mid) == set(view.INDEX_COLUMNS) and mid["prediction"] == 30 and mid["gold"] < 40
+    narrow = view.fit_columns(cells, 40, has_kl=True)
+    assert "gold" not in narrow and narrow["prediction"] >= view.PREDICTION_MIN
+    assert sum(narrow.values()) + 3 * len(narrow) + 1 <= 40
+    assert "KL" not in view.fit_columns(cells, 300, has_kl=False)
+
+
+# ----------------------------------------------------------------------------- training runs
+
+
+def trainer_run(tmp_path, tok, final_model: bool) -> Path:
+    """A run directory as memopd.train writes it: zero-padded step files whose invocations carry
+    the teacher's per-token KL (None where the teacher does not supervise), a config.toml naming
+    the base model, and, once training ends, the final model in model/."""
+    run = tmp_path / "run"
+    (run / "episodes").mkdir(parents=True)
+    tok.save_pretrained(tmp_path / "base")
+    (run / "config.toml").write_text(f'env = "memgym/LongQA-v0"\nmodel = "{tmp_path / "base"}"\nsteps = 2\n')
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5, "kl/all": 0.9}\n')
+    eps = sample_episodes(tok, 2)
+    for ep in eps:
+        for inv in ep.invocations:
+            inv.meta["teacher_kl"][-1] = None  # the stop token, unsupervised
+    save_episodes(run / "episodes" / "step-000001.jsonl", eps)
+    if final_model:
+        tok.save_pretrained(run / "model")
+        (tmp_path / "base" / "tokenizer.json").unlink()  # only model/ can be read now
+    return run
+
+
+@pytest.mark.parametrize("final_model", [False, True])
+def test_run_dir_kl_heatmap_uses_the_runs_tokenizer(tok, tmp_path, capsys, final_model):
+    run = trainer_run(tmp_path, tok, final_model)
+    for source in (run, run / "episodes" / "step-000001.jsonl"):
+        out = tmp_path / "r.html"
+        assert view.main([str(source), "-o", str(out)]) == 0
+        assert "decoding with the run's tokenizer" in capsys.readouterr().err
+        data = embedded(out.read_text())
+        assert data["memopd-index"]["tokenizer"] is True and data["memopd-index"]["kl_scale"] > 0
+        ep = view.load_source(source).episodes[0]
+        for card, inv in zip(data["ep-0"]["calls"], ep.invocations):
+            assert "".join(card["pieces"]) == inv.response_text  # one coloured piece per token
+            assert len(card["kl"]) == len(inv.response_ids) and card["kl"][-1] is None
+            assert card["kl"][0] == pytest.approx(inv.meta["teacher_kl"][0])
+
+
+def test_run_tokenizer_that_cannot_load_is_a_warning(tok, tmp_path, capsys):
+    run = trainer_run(tmp_path, tok, final_model=False)
+    (run / "config.toml").write_text('model = "./no/such/model"\n')
+    assert view.main([str(run), "-o", str(tmp_path / "r.html")]) == 0
+    assert "warning: could not load tokenizer './no/such/model'" in capsys.readouterr().err
+    assert embedded((tmp_path / "r.html").read_text())["memopd-index"]["tokenizer"] is False

@@ -278,3 +278,44 @@ def test_ten_thousand_episodes_page_and_lazy(browser, tmp_path):
     load_ms = page.eval("performance.getEntriesByType('navigation')[0].loadEventEnd")
     print(f"\n10k episodes: {out.stat().st_size / 1e6:.1f} MB, load event after {load_ms:.0f} ms")
     assert page.errors() == []
+
+
+def test_whole_numbers_dates_and_a_training_runs_heatmap(browser, tmp_path):
+    """Counts print as integers and timestamps as dates; a run directory's sample episodes are
+    decoded with the run's tokenizer, so their teacher-KL heatmap colours real tokens."""
+    tok = tiny_tokenizer()
+    run = tmp_path / "run"
+    (run / "episodes").mkdir(parents=True)
+    tok.save_pretrained(run / "model")
+    (run / "config.toml").write_text('model = "tiny"\n')
+    eps = sample_episodes(tok, 3)
+    for ep in eps:
+        for inv in ep.invocations:
+            inv.timing = {"start": 1796062579.06812, "latency_s": 0.25}
+    save_episodes(run / "episodes" / "step-000003.jsonl", eps)
+    (run / "summary.json").write_text(json.dumps({"episodes": 20, "calls": 4.0, "wall_s": 2.5}))
+    assert view.main([str(run), "-o", str(tmp_path / "run.html")]) == 0
+    page = Page(browser)
+    page.goto(tmp_path / "run.html", "#ep=1")
+    f1 = page.eval("[...document.querySelectorAll('#episodes tbody tr.row td.f1-ok')].map(e => e.textContent)")
+    assert f1 and set(f1) == {"1"}  # not 1.00
+    timing = page.eval("document.querySelector('tr.detail .card').textContent")
+    assert "start 2026-11-30 18:16:19 UTC" in timing and "e+9" not in timing and "latency_s 0.250" in timing
+    tokens = page.eval("[...document.querySelectorAll('tr.detail .action.kl .tok')].map(e => e.textContent)")
+    assert "".join(tokens).startswith(eps[1].invocations[0].response_text)  # coloured tokens, not a strip
+    assert page.errors() == []
+
+
+def test_summary_counts_print_as_integers(browser, tmp_path):
+    tok = tiny_tokenizer()
+    d = tmp_path / "eval"
+    d.mkdir()
+    save_episodes(d / "episodes.jsonl", sample_episodes(tok, 2))
+    (d / "summary.json").write_text(json.dumps({"episodes": 20, "calls": 4.0, "wall_s": 2.5, "f1": 1.0}))
+    out = view.write_report(view.load_source(d), d / "report.html")
+    page = Page(browser)
+    page.goto(out)
+    cells = page.eval("Object.fromEntries([...document.querySelectorAll('table.kv tr')]"
+                      ".map(r => [r.querySelector('th').textContent, r.querySelector('td').textContent]))")
+    assert cells == {"episodes": "20", "calls": "4", "wall_s": "2.5000", "f1": "1"}
+    assert page.errors() == []

@@ -66,8 +66,6 @@ def make_episode(tok, index: int, *, question: str, answers: list[str], chunks: 
         action = memories[turn] if role == "memory" else prediction
         response = encode(tok, action)
         meta = {"episode_id": f"ep-{index:05d}"}
-        if record_spans:
-            meta["spans"] = spans
         if record_texts:
             meta["memory_text"] = memory
             if chunk is not None:
@@ -78,7 +76,8 @@ def make_episode(tok, index: int, *, question: str, answers: list[str], chunks: 
         invs.append(Invocation(
             prompt_ids=prompt, response_ids=response, logprobs=[-round(rng.random() * 3, 4) for _ in response],
             position_ids=list(range(len(prompt) + len(response))), prefix_len=len(prefix), role=role, turn=turn,
-            policy_version=3, response_text=action, meta=meta, timing={"generate_s": 0.01 * (turn + 1)}))
+            policy_version=3, response_text=action, spans=spans if record_spans else None, meta=meta,
+            timing={"generate_s": 0.01 * (turn + 1)}))
         if role == "memory":
             memory, memory_ids = action, response
     metrics = score_answer(prediction, answers)

@@ -50,10 +50,10 @@
     }
   }
 
-  function fmt(v, digits) {
+  function fmt(v, digits) {  // whole numbers as integers: 3, not 3.0 or 3.0000
     if (v === null || v === undefined) return "–";
     if (typeof v !== "number") return String(v);
-    if (Number.isInteger(v) && digits === undefined) return String(v);
+    if (Number.isInteger(v)) return String(v);
     const a = Math.abs(v);
     if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2);
     return v.toFixed(digits === undefined ? 3 : digits);
