@@ -74,7 +74,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
     p.add_argument("--out", default=None,
                    help="output directory (default: runs/eval/<env>-<agent>-<timestamp>)")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="progress bar (default: --progress)")
     return p.parse_args(argv)
 
 
@@ -151,9 +152,12 @@ def make_envs(env_id: str, args: argparse.Namespace, tokenizer: Any, env_kwargs:
     """``--batch-size`` envs; a bad env option is a usage error, said without gymnasium's kwargs dump."""
     import gymnasium as gym
 
+    from memgym.errors import MemgymError
+    from memgym.generators.hotpot import DatasetUnavailableError
+
     try:
         return [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs) for _ in range(args.batch_size)]
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, MemgymError, DatasetUnavailableError) as exc:
         message = str(exc).split(" was raised from the environment creator")[0]  # drop the repr of every kwarg
         raise CLIError(f"{env_id}: {message} (check --env-kwarg and --split)") from None
 
@@ -230,7 +234,7 @@ def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out:
     t0 = time.perf_counter()
     episodes = rollout(envs, agent, args.episodes, group_size=args.group_size, seed=args.seed,
                        indices=range(args.start_index, args.start_index + groups), out=episodes_path,
-                       progress=not args.no_progress)
+                       progress=args.progress)
     wall = time.perf_counter() - t0
     summary = summarize(episodes, wall_s=wall)
     summary.update({"env": env_id, "agent": args.agent, "model": model_label, "split": args.split,

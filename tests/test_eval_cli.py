@@ -131,6 +131,15 @@ def test_full_disk_mid_run_leaves_nothing(tmp_path, capsys, monkeypatch):
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]
 
 
+def test_binary_data_file_is_named(tmp_path, capsys):
+    data = tmp_path / "hotpot.json"
+    data.write_bytes(bytes(range(256)) * 8)
+    err = fails(["--agent", "oracle", "--env", "memgym/HotpotQA-v0", "--env-kwarg", f"path={data}", "--episodes", "1",
+                 "--out", str(tmp_path / "out"), "--no-progress"], capsys)
+    assert err.startswith("error: memgym/HotpotQA-v0: ") and str(data) in err and "not UTF-8" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_help_lists_choices_and_defaults_once(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
@@ -142,6 +151,7 @@ def test_help_lists_choices_and_defaults_once(capsys):
     assert text.count("(default: 20)") == 1 and "default: tiny's" in text and text.count("(default:") >= 8
     assert " ".join(THREADS_HELP.split()) in text and "(default: 0)" not in text  # THREADS_HELP says its default
     assert parse_args([]).threads == DEFAULT_THREADS
+    assert "--progress, --no-progress" in text and parse_args(["--no-progress"]).progress is False
 
 
 def test_oracle_loads_only_a_tokenizer(tmp_path, capsys, monkeypatch):
