@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -197,4 +198,27 @@ def _tokenizer_dir(spec: str) -> Path | None:
         return models._ensure_gguf_converted(path, root)
     if path.is_dir() and any((path / name).is_file() for name in TOKENIZER_FILES):
         return path
+    if path.is_dir() and models.is_checkpoint_dir(path):  # RUN/checkpoints/step-N: the run's tokenizer
+        path = path.parent.parent
+    if path.is_dir() and (path / "config.toml").is_file():
+        return _run_tokenizer_dir(path)
     return None
+
+
+def _run_tokenizer_dir(run: Path) -> Path | None:
+    """A training run's tokenizer: its final model's, else its base model's (``model = ...`` in
+    ``config.toml``; the student keeps its base model's vocabulary)."""
+    from agents import models
+
+    final = run / models.RUN_MODEL_DIR
+    if any((final / name).is_file() for name in TOKENIZER_FILES):
+        return final
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        base = tomllib.loads((run / "config.toml").read_text(encoding="utf-8")).get("model")
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None  # load() reads the run and says what is wrong with it
+    return _tokenizer_dir(base) if isinstance(base, str) and base != str(run) else None

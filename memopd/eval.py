@@ -40,7 +40,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        nothing = action.default is None or action.default is False or action.default == [] \
+            or action.default is argparse.SUPPRESS  # `is`: a default of 0 is still worth saying
+        if "default" in text or nothing or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 

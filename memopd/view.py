@@ -20,7 +20,7 @@ close the script tag.
 
 What each invocation card shows, and where it comes from:
   prompt parts     the data slots after the shared prefix (memory received, chunk, context) with
-                   their token counts, from the spans the agents record (``meta["spans"]``: slot ->
+                   their token counts, from the spans the agents record (``Invocation.spans``: slot ->
                    ``[start, end)`` in ``prompt_ids``); their text is ``meta["memory_text"]`` /
                    ``meta["chunk_text"]`` when recorded, else the span decoded with ``--tokenizer``,
                    else token counts only. Without spans or texts, the memory received is shown as

@@ -147,9 +147,11 @@ def test_help_lists_choices_and_defaults_once(capsys):
     assert "{fullcontext,memagent,oracle,rag}" in text and "{train,validation,test}" in text
     assert "memgym/LongQA-v0" in text.split("--env ENV", 1)[1]  # the env ids are listed
     assert "removes the output it started" in text  # the whole description, not just its first line
-    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
+    assert "of sampling (default: 0)" in text and "greedy (default: 0.0)" in text  # zero is a default too
     assert text.count("(default: 20)") == 1 and "default: tiny's" in text and text.count("(default:") >= 8
-    assert " ".join(THREADS_HELP.split()) in text and "(default: 0)" not in text  # THREADS_HELP says its default
+    threads = " ".join(THREADS_HELP.split())
+    assert threads in text and not text.split(threads)[1].startswith(" (default")  # THREADS_HELP says its own
     assert parse_args([]).threads == DEFAULT_THREADS
     assert "--progress, --no-progress" in text and parse_args(["--no-progress"]).progress is False
 
@@ -168,15 +170,20 @@ def test_oracle_loads_only_a_tokenizer(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_model)
     monkeypatch.setattr(AutoModelForCausalLM, "from_config", no_model)
+    run = tmp_path / "run"  # a training run whose student started from tiny, before its final model
+    (run / "checkpoints" / "step-000001").mkdir(parents=True)
+    (run / "config.toml").write_text('model = "tiny"\nsteps = 2\n')
+    for name in ("meta.json", "student.safetensors"):
+        (run / "checkpoints" / "step-000001" / name).write_text("{}")
     runs = {}
-    for spec in ("tiny", str(preset_dir), None):
+    for spec in ("tiny", str(preset_dir), None, str(run), str(run / "checkpoints" / "step-000001")):
         out = tmp_path / str(len(runs))
         argv = ["--agent", "oracle", "--episodes", "3", "--env-kwarg", "num_chunks=2", "--out", str(out),
                 "--no-progress"] + (["--model", spec] if spec else [])
         assert main(argv) == 0, capsys.readouterr().err
         runs[spec] = [(i.prompt_ids, i.response_ids) for e in load_episodes(out / "episodes.jsonl").episodes
                       for i in e.invocations]
-    assert runs["tiny"] == runs[str(preset_dir)] == runs[None]  # the same tokenizer each way
+    assert all(r == runs["tiny"] for r in runs.values()) and len(runs) == 5  # the same tokenizer each way
 
 
 def test_counts_print_as_integers():
