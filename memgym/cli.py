@@ -81,7 +81,9 @@ def describe(exc: BaseException) -> str:
         hint = {"Read-only file system": "choose a writable output directory",
                 "Permission denied": "choose a path you may write (or read)",
                 "No space left on device": "free some disk space or choose another output directory",
-                "No such file or directory": "check the path"}.get(what, "")
+                "No such file or directory": "check the path",
+                "Not a directory": "a part of the path is a file, not a directory; choose another path",
+                "Is a directory": "give a file path, not a directory"}.get(what, "")
         return f"{exc.filename}: {what}" + (f"; {hint}" if hint else "")
     return str(exc) or type(exc).__name__
 
