@@ -16,7 +16,8 @@ the tokenizer is loaded.
 Bad input (an unknown env, agent or model, a missing model path, indices past the end of the
 split, an env option the env does not take, an output directory that cannot be written) prints
 ``error: <what, where, how to fix>`` on stderr and exits 2. A run that fails removes the output
-it started, so no empty or half-written directory is left behind.
+it started, so no empty or half-written directory is left behind (Ctrl-C keeps the episodes
+finished so far, one whole record per line).
 """
 
 from __future__ import annotations
