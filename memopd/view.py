@@ -602,7 +602,8 @@ COLUMN_CAPTIONS = {"ctx": "ctx: peak context tokens of a call", "mem": "mem: lar
 
 def index_cells(i: int, r: dict[str, Any]) -> dict[str, str]:
     """The text of one index row, by column."""
-    return {"#": str(i), "task": r["task"], "sample": r["sample"], "F1": _num(episode_f1_of_row(r), 2), "calls": str(r["calls"]), "ctx": str(r["ctx"]), "mem": str(r["mem"]),
+    return {"#": str(i), "task": r["task"], "sample": r["sample"], "F1": _num(episode_f1_of_row(r), 2),
+            "calls": str(r["calls"]), "ctx": str(r["ctx"]), "mem": str(r["mem"]),
             "KL": "" if r["kl"] is None else _num(r["kl"], 3), "prediction": r["pred"], "gold": r["gold"]}
 
 
@@ -655,7 +656,8 @@ def _print_episode(console: Any, ep: Episode, k: int, tokenizer: Any, Panel: Any
     console.print(Text(f"question:   {ep.question}"))
     console.print(Text(f"gold:       {' | '.join(ep.answers)}"))
     console.print(Text(f"prediction: {ep.prediction}"))
-    console.print(Text("scores:     " + "  ".join(f"{m}={_num(v, 3)}" for m, v in d["metrics"].items() if v is not None)))
+    scores = [f"{m}={_num(v, 3)}" for m, v in d["metrics"].items() if v is not None]
+    console.print(Text("scores:     " + "  ".join(scores)))
     for c in d["calls"]:
         body = Text()
         for seg in c["segments"]:
@@ -802,7 +804,8 @@ def view(args: argparse.Namespace) -> int:
             raise ViewerError(f"cannot write the report {out}: a parent of it is a file, not a directory; "
                               "choose another place with -o") from None
         except OSError as exc:
-            raise ViewerError(f"cannot write the report {out}: {describe(exc)} (choose another place with -o)") from None
+            raise ViewerError(f"cannot write the report {out}: {describe(exc)} "
+                              "(choose another place with -o)") from None
         print(f"wrote {out} ({len(src.episodes)} episodes)", file=sys.stderr)
     return EXIT_OK
 

@@ -67,7 +67,8 @@ def fails(argv, capsys) -> str:
 
 def test_errors_name_the_choices(tmp_path, capsys):
     out = ["--out", str(tmp_path / "out"), "--no-progress"]
-    assert "unknown env 'memgym/Nope-v0'; available envs: " in fails(["--env", "memgym/Nope-v0", "--agent", "oracle", *out], capsys)
+    err = fails(["--env", "memgym/Nope-v0", "--agent", "oracle", *out], capsys)
+    assert "unknown env 'memgym/Nope-v0'; available envs: " in err
     assert "--agent memagent needs --model" in fails(["--agent", "memagent", *out], capsys)
     err = fails(["--agent", "oracle", "--episodes", "1", "--env-kwarg", "colour=blue", *out], capsys)
     assert "unknown option(s) ['colour']" in err and "was raised from" not in err and "AddedToken" not in err
@@ -95,7 +96,8 @@ def test_indices_past_the_split(tmp_path, capsys):
     err = fails(["--agent", "oracle", "--start-index", "999", "--episodes", "3", "--out", str(out), "--no-progress"],
                 capsys)
     assert "--start-index 999 with 3 questions needs samples 999..1001" in err and "has 1000 (indices 0..999)" in err
-    assert "--start-index must be >= 0" in fails(["--agent", "oracle", "--start-index", "-1", "--out", str(out)], capsys)
+    err = fails(["--agent", "oracle", "--start-index", "-1", "--out", str(out)], capsys)
+    assert "--start-index must be >= 0" in err
     assert not out.exists()
 
 
