@@ -13,11 +13,8 @@ use :meth:`OracleAgent.for_env`.
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from agents.memagent import MemAgent
@@ -157,68 +154,8 @@ def _as_lookup(samples: Any) -> SampleLookup:
 
 def default_tokenizer() -> Any:
     """The ``tiny`` preset's tokenizer (built once and cached by :mod:`agents.models`)."""
+    from agents.models import load_tokenizer
+
     return load_tokenizer("tiny")
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def load_tokenizer(spec: str | os.PathLike | None = None) -> Any:
-    """The tokenizer :func:`agents.models.load` would return for ``spec``, without the model.
-
-    The oracle calls no model, so loading weights only costs time (seconds for a small model,
-    minutes for a large one). Presets and ``.gguf`` files read the tokenizer from their cache
-    entry (made on first use, as ``load`` makes it); a directory with tokenizer files loads them.
-    Anything else (a training run directory, a hub id, a bad spec) goes through ``load``, which
-    also raises its errors: :class:`agents.models.ModelLoadError`, ``FileNotFoundError``.
-    """
-    from agents import models
-
-    s = "tiny" if spec is None else os.fspath(spec)
-    path = _tokenizer_dir(s)
-    if path is None:
-        return models.load(s)[1]
-    try:
-        return models._load_tokenizer(path)  # the same rules as load(): ids must not change
-    except Exception as exc:  # noqa: BLE001 - tokenizer files fail in many ways; re-raised with the path
-        raise models.ModelLoadError(f"could not load the tokenizer from {path}: {exc}") from exc
-
-
-def _tokenizer_dir(spec: str) -> Path | None:
-    """The directory holding ``spec``'s tokenizer files, or None when only a full load knows it."""
-    from agents import models, presets
-
-    root = models.cache_dir()
-    if spec in presets.TINY_PRESETS:
-        return models._ensure_tiny_preset(presets.TINY_PRESETS[spec], root)
-    if spec == "smollm2":
-        return models._ensure_gguf_converted(models.smollm2_gguf(root), root)
-    path = Path(spec).expanduser()
-    if spec.lower().endswith(".gguf") and path.is_file():
-        return models._ensure_gguf_converted(path, root)
-    if path.is_dir() and any((path / name).is_file() for name in TOKENIZER_FILES):
-        return path
-    if path.is_dir() and models.is_checkpoint_dir(path):  # RUN/checkpoints/step-N: the run's tokenizer
-        path = path.parent.parent
-    if path.is_dir() and (path / "config.toml").is_file():
-        return _run_tokenizer_dir(path)
-    return None
-
-
-def _run_tokenizer_dir(run: Path) -> Path | None:
-    """A training run's tokenizer: its final model's, else its base model's (``model = ...`` in
-    ``config.toml``; the student keeps its base model's vocabulary)."""
-    from agents import models
-
-    final = run / models.RUN_MODEL_DIR
-    if any((final / name).is_file() for name in TOKENIZER_FILES):
-        return final
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    try:
-        base = tomllib.loads((run / "config.toml").read_text(encoding="utf-8")).get("model")
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None  # load() reads the run and says what is wrong with it
-    return _tokenizer_dir(base) if isinstance(base, str) and base != str(run) else None

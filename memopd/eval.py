@@ -32,7 +32,6 @@ from typing import Any, Sequence
 from memgym.cli import DEFAULT_THREADS, THREADS_HELP, CLIError, describe, parse_kwargs, run_main, set_threads
 
 MODEL_AGENTS = ("memagent", "fullcontext", "rag")
-SPLITS = ("train", "validation", "test")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -60,7 +59,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "picks the tokenizer of the records (only the tokenizer is loaded; default: tiny's)")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--seed", type=int, default=0, help="seed of env resets and of sampling")
-    p.add_argument("--split", default="test", choices=SPLITS, help="data split")
+    p.add_argument("--split", default="test", metavar="SPLIT",
+                   help="data split: train or test for generated tasks; a data task's own split names "
+                        "(its task.toml); an unknown split is refused with the task's list")
     p.add_argument("--start-index", type=int, default=0, help="first sample index of the split")
     p.add_argument("--group-size", type=int, default=1, help="episodes per question (samples per group)")
     p.add_argument("--batch-size", type=int, default=8, help="environments run in lockstep (model calls batched)")
@@ -116,7 +117,7 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
     from agents.policy import make_agent
 
     if args.agent == "oracle":
-        from agents.oracle import load_tokenizer
+        from agents.models import load_tokenizer
 
         # the oracle calls no model: its tokenizer is all it needs (loading weights only costs time)
         tokenizer = _guard_model(args.model or "tiny", lambda: load_tokenizer(args.model))

@@ -196,12 +196,12 @@ def _clean_metrics(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def load_tokenizer(spec: str) -> Any:
     """Load a tokenizer without its model: a model preset (``tiny``, ``smollm2``, ...), a tokenizer
     or model directory, a ``.gguf`` file or a training run directory, as
-    :func:`agents.oracle.load_tokenizer` reads them."""
+    :func:`agents.models.load_tokenizer` reads them."""
     path = Path(spec).expanduser()
     if (path.is_absolute() or spec.startswith((".", "~"))) and not path.exists():
         raise ViewerError(f"could not load tokenizer {spec!r}: no such directory or file")
     try:
-        from agents.oracle import load_tokenizer as tokenizer_of
+        from agents.models import load_tokenizer as tokenizer_of
 
         return tokenizer_of(spec)
     except Exception as exc:  # any loader failure means the same thing to the user
