@@ -146,7 +146,7 @@ def test_help_lists_choices_and_defaults_once(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    assert "{fullcontext,memagent,oracle,rag}" in text and "{train,validation,test}" in text
+    assert "{fullcontext,memagent,oracle,rag}" in text and "data split: train or test" in text
     assert "memgym/LongQA-v0" in text.split("--env ENV", 1)[1]  # the env ids are listed
     assert "removes the output it started" in text  # the whole description, not just its first line
     assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
