@@ -42,9 +42,9 @@ from agents.records import ROLES, Episode, save_episodes
 from memgym.cli import fail, run_main, set_threads
 from memopd import checkpoint, losses
 from memopd import config as cfgmod
-from memopd.audit import RCEAuditHook, fitting_budget
+from memopd.audit import RCEAuditHook
 from memopd.config import ConfigError, TrainingOptions, field
-from memopd.packing import PackedBatch, pack_episodes
+from memopd.packing import PackedBatch, fitting_budget, pack_episodes
 from memopd.runlog import LoggingSetupError, RunLogger, check_mirrors, plot_curves, read_metrics
 from memopd.scoring import ActionStates, action_states, token_logprobs
 
@@ -484,10 +484,7 @@ class Trainer:
                     # a flattened transcript cannot be split across rows: widen rows to fit it
                     episodes, fitting_budget(episodes, "persistent", cfg.pack_tokens), mode="persistent",
                     teacher_roles=teacher_roles, pad_token_id=_pad_id(self.tokenizer))
-                teacher_states = action_states(self.teacher, tb, lowering=cfg.attn)
-                teacher_states = ActionStates(teacher_states.hidden.detach(), teacher_states.head,
-                                              teacher_states.temperatures, teacher_states.softcap,
-                                              teacher_states.vocab_size)
+                teacher_states = action_states(self.teacher, tb, lowering=cfg.attn).detach()
 
         # updates -------------------------------------------------------------------------------
         roles = role_masks(batch, episodes)

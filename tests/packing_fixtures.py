@@ -87,7 +87,7 @@ def single_call_episode(model, *, seed: int, length: int, pos0: int, resp: int =
     positions = list(range(pos0, pos0 + length))
     out, lps = sample_response(model, prompt, positions, resp, 1.0, g)
     inv = Invocation(prompt_ids=prompt, response_ids=out, logprobs=lps,
-                     position_ids=list(range(pos0, pos0 + length + resp)), prefix_len=0)
+                     position_ids=list(range(pos0, pos0 + length + resp)), prefix_len=0, spans={})
     return Episode(episode_id=f"single{seed}", task_id="synthetic", sample_id=str(seed), invocations=[inv])
 
 
