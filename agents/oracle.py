@@ -37,6 +37,7 @@ class OracleAgent(MemAgent):
     """
 
     name = "oracle"
+    calls_model = False  # scripted: nothing sampled, nothing to train (its records are SFT data)
 
     def __init__(self, samples: Any, tokenizer: Any = None, template: PromptTemplate = MEMAGENT_TEMPLATE,
                  backend: Any = None) -> None:

@@ -23,28 +23,24 @@ Single environment::
 
 from __future__ import annotations
 
-import importlib
 import json
 import uuid
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generator, Sequence
 
 from agents.records import Episode, Invocation
+from agents.registry import BUILTIN_AGENTS
 
 if TYPE_CHECKING:  # the backend interface is light, but keep `import agents.policy` minimal
     from agents.backends.base import Backend, GenerationRequest, SamplingParams
 
 Call = tuple["GenerationRequest", "SamplingParams"]
 
-AGENTS = {
-    "memagent": "agents.memagent:MemAgent",
-    "fullcontext": "agents.baselines:FullContextAgent",
-    "rag": "agents.baselines:RAGAgent",
-    "oracle": "agents.oracle:OracleAgent",
-}
-"""Agent names (as the eval CLI spells them) -> ``module:Class``."""
+AGENTS = BUILTIN_AGENTS
+"""The built-in agents' names -> ``module:Class``; installed plugins add names (see
+:func:`agents.registry.registered_agents`)."""
 
 
 class AgentError(RuntimeError):
@@ -81,9 +77,23 @@ class MemoryPolicy(ABC):
     Args:
         backend: the model backend (``None`` for agents that call no model, e.g. the oracle).
         tokenizer: the tokenizer prompts are built with; defaults to ``backend.tokenizer``.
+
+    Class attributes: ``name`` is the agent's name in its records (``Episode.agent``; default:
+    the class name); ``calls_model`` says whether its actions are sampled through ``backend``
+    (a trainer can train only such an agent; a scripted agent sets it to ``False``).
+
+    Constructor convention (what ``memopd.eval`` and ``memopd.train`` pass, see
+    :mod:`agents.registry`): a model-backed agent takes ``backend=`` and ``sampling=`` keyword
+    arguments; a scripted one takes ``tokenizer=``.
     """
 
-    name = "policy"
+    name: ClassVar[str] = "policy"
+    calls_model: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:  # a subclass of MemAgent is not "memagent" in its records
+            cls.name = cls.__name__
 
     def __init__(self, backend: "Backend | None" = None, tokenizer: Any = None) -> None:
         self.backend = backend
@@ -151,7 +161,8 @@ class MemoryPolicy(ABC):
             question=state.question or str(info.get("question", "")),
             seed=state.seed,
             group_id=state.group_id,
-            meta={"agent": self.name, "num_chunks": _plain(info.get("num_chunks")),
+            agent=self.name,
+            meta={"num_chunks": _plain(info.get("num_chunks")),
                   "memory_budget": _plain(info.get("memory_budget")),
                   "budget_unit": _plain(info.get("budget_unit")), "steps": state.steps},
         )
@@ -272,9 +283,9 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def make_agent(name: str, **kwargs: Any) -> MemoryPolicy:
-    """Build an agent by its CLI name (see :data:`AGENTS`)."""
-    if name not in AGENTS:
-        raise ValueError(f"unknown agent {name!r}; available agents: {', '.join(sorted(AGENTS))}")
-    module, cls = AGENTS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+def make_agent(spec: str, **kwargs: Any) -> MemoryPolicy:
+    """Build an agent by its name or ``module:Class`` (see :func:`agents.registry.resolve_agent`);
+    an unknown or broken spec raises :class:`agents.registry.AgentSpecError` (a ``ValueError``)."""
+    from agents.registry import resolve_agent
+
+    return resolve_agent(spec)(**kwargs)

@@ -127,7 +127,13 @@ class Invocation:
 
 @dataclass
 class Episode:
-    """One episode: its invocations in call order, the final reward and metrics."""
+    """One episode: its invocations in call order, the final reward and metrics.
+
+    What the learner reads (see the README, "Bring your own agent"): ``invocations`` (each call's
+    exact record, ``role`` for the teacher mask, ``spans`` for the persistent-history control),
+    ``reward`` and ``metrics`` (the trainer's ``--reward`` names a metric), ``group_id`` (episodes
+    of one question, for group-relative advantages) and ``agent`` (named in its error messages).
+    """
 
     episode_id: str
     task_id: str
@@ -140,7 +146,18 @@ class Episode:
     question: str = ""
     seed: int | None = None
     group_id: str | None = None
+    agent: str = ""
+    """The name of the agent that played the episode (``MemoryPolicy.name``); the learner names
+    it when the records lack what a mode needs. Older records' ``meta["agent"]`` is read into it."""
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.agent and isinstance(self.meta, dict) and self.meta.get("agent") is not None:
+            self.meta = dict(self.meta)  # records written before ``agent`` was a field kept it in meta
+            self.agent = self.meta.pop("agent")
+        if not isinstance(self.agent, str):
+            raise RecordError(f"episode {self.episode_id!r}: agent must be the agent's name (a string), "
+                              f"got {type(self.agent).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -18,20 +18,30 @@ each private block sees the prefix and itself (causally), never another block.
 
 Actions are enumerated canonically (episode, invocation, response token), so the same episodes
 give the same action order in every mode, and results of two modes line up index by index.
+
+:func:`check_contract` checks, before any work, that episodes carry what a mode (and the
+trainer's reward and teacher mask) needs; a record that lacks it is refused with a
+:class:`ContractError` naming the episode, its agent (``Episode.agent``) and the field.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from agents.records import ROLES, Episode, Invocation
+from agents.records import ROLES, Episode, Invocation, RecordError
 
 MODES = ("aligned", "persistent")
 
 
 class PackingError(ValueError):
     """Records cannot be packed as asked (an invocation larger than the budget, bad settings)."""
+
+
+class ContractError(PackingError):
+    """Episodes lack what the learner needs (see :func:`check_contract`); the message names the
+    episode, its agent and the record field."""
 
 
 @dataclass
@@ -152,7 +162,7 @@ def observation_ids(inv: Invocation, where: str = "the invocation") -> tuple[lis
     p = inv.prefix_len
     keep = list(range(p, inv.prompt_len))
     if inv.spans is None:
-        raise PackingError(f"{where} has no spans, so the persistent-history context cannot find the memory it "
+        raise ContractError(f"{where} has no spans, so the persistent-history context cannot find the memory it "
                            "received; the agent must record Invocation.spans (slot -> [start, end) of the prompt, "
                            "with 'memory' for the memory the call received; agents built on MemoryPolicy.request "
                            "do this)")
@@ -160,7 +170,7 @@ def observation_ids(inv: Invocation, where: str = "the invocation") -> tuple[lis
     if span is not None:
         s, t = int(span[0]), int(span[1])
         if not p <= s <= t <= inv.prompt_len:
-            raise PackingError(f"{where}: spans['memory'] {span} must lie in the private prompt "
+            raise ContractError(f"{where}: spans['memory'] {span} must lie in the private prompt "
                                f"[{p}, {inv.prompt_len})")
         keep = [i for i in keep if not s <= i < t]
     return [inv.prompt_ids[i] for i in keep], keep
@@ -179,17 +189,16 @@ def persistent_units(episodes: Sequence[Episode | Sequence[Invocation]], *,
         ids = list(first.prompt_ids[:first.prefix_len])
         block = Block(ids=[], positions=[])
         for j, inv in enumerate(invs):
-            if list(inv.prompt_ids[:inv.prefix_len]) != list(first.prompt_ids[:first.prefix_len]):
-                raise PackingError(f"episode {e} invocation {j}: its shared prefix differs from invocation 0's; "
-                                   "a persistent transcript needs one task prefix per episode")
-            obs, _ = observation_ids(inv, f"episode {_name(episodes[e], e)} invocation {j}")
+            _check_same_prefix(first, inv, _where(episodes, e, j))
+            obs, _ = observation_ids(inv, _where(episodes, e, j))
             ids += obs
             fields_ = _action_fields(inv, e, j, len(ids), inv.role in roles)
             ids += list(inv.response_ids)
             for name, vals in fields_.items():
                 getattr(block, name).extend(vals)
         if block.action_idx and block.action_idx[0] == 0:
-            raise PackingError(f"episode {e}: empty transcript before the first action")
+            raise ContractError(f"{_where(episodes, e)}: empty transcript before the first action (invocation 0 "
+                                "has neither a shared prefix nor a private prompt)")
         start = first.position_ids[0]
         block.ids = ids
         block.positions = list(range(start, start + len(ids)))
@@ -197,11 +206,92 @@ def persistent_units(episodes: Sequence[Episode | Sequence[Invocation]], *,
     return units
 
 
+def _check_same_prefix(first: Invocation, inv: Invocation, where: str) -> None:
+    if list(inv.prompt_ids[:inv.prefix_len]) != list(first.prompt_ids[:first.prefix_len]):
+        raise ContractError(f"{where}: its shared prefix (prompt_ids[:prefix_len]) differs from invocation 0's; a "
+                            "persistent transcript needs one task prefix per episode (Invocation.prefix_len must "
+                            "cover the same instructions + question in every call)")
+
+
 def _name(episode: Episode | Sequence[Invocation], index: int) -> str:
     if isinstance(episode, Episode):
-        agent = (episode.meta or {}).get("agent")
-        return f"{index} ({episode.episode_id}{', agent ' + str(agent) if agent else ''})"
+        return f"{index} ({episode.episode_id}{', agent ' + episode.agent if episode.agent else ''})"
     return str(index)
+
+
+def _where(episodes: Sequence[Episode | Sequence[Invocation]], e: int, j: int | None = None) -> str:
+    """How every message names a record: ``episode 3 (id, agent NAME) invocation 2``."""
+    where = f"episode {_name(episodes[e], e)}"
+    return where if j is None else f"{where} invocation {j}"
+
+
+def check_contract(episodes: Sequence[Episode], mode: str = "aligned", *, teacher_roles: Iterable[str] | None = None,
+                   reward: str | None = None) -> None:
+    """Refuse episodes that lack what the learner needs, before any work.
+
+    Every mode (state-aligned packing, PPO): ``Episode.invocations`` are valid
+    :class:`~agents.records.Invocation` records (prompt, positions, sampled ids and their
+    log-probs, ``prefix_len``, ``role``) and at least one episode sampled a token; ``reward`` is a
+    finite number and ``metrics`` finite numbers. ``mode="persistent"`` also needs
+    ``Invocation.spans`` (with ``"memory"`` for the memory a call received) and one shared prefix
+    per episode. ``reward`` (a metric name, e.g. the trainer's ``--reward f1``) must be in every
+    ``Episode.metrics``. ``teacher_roles`` (the teacher mask) must select some sampled token of
+    the batch by ``Invocation.role``.
+
+    Raises :class:`ContractError` naming the episode, its agent and the field."""
+    if mode not in MODES:
+        raise PackingError(f"unknown context mode {mode!r}; choose from {MODES}")
+    roles = check_teacher_roles(teacher_roles) if teacher_roles is not None else None
+    sampled: dict[str, int] = {r: 0 for r in ROLES}
+    for e, ep in enumerate(episodes):
+        if not isinstance(ep, Episode):
+            raise ContractError(f"episode {e}: expected an agents.records.Episode (MemoryPolicy.end_episode returns "
+                                f"one), got {type(ep).__name__}")
+        _check_outcome(episodes, e, reward)
+        for j, inv in enumerate(ep.invocations):
+            _check_invocation(episodes, e, j, inv, mode)
+            sampled[inv.role] += len(inv.response_ids)
+    agents = sorted({ep.agent or "unnamed" for ep in episodes})
+    if episodes and not any(sampled.values()):
+        raise ContractError(f"agent {', '.join(agents)}: {len(episodes)} episodes hold no sampled token "
+                            "(Episode.invocations is empty or every response_ids is); the learner trains on the "
+                            "tokens an agent samples through its backend (MemoryPolicy.step yields requests)")
+    if roles is not None and episodes and not any(sampled[r] for r in roles):
+        held = sorted(r for r, n in sampled.items() if n)
+        raise ContractError(f"agent {', '.join(agents)}: the teacher mask selects role(s) {sorted(roles)} but every "
+                            f"sampled token is in a call of role {held} (Invocation.role); choose a teacher mask "
+                            f"that includes {held[0]!r} (e.g. --teacher-mask both)")
+
+
+def _check_outcome(episodes: Sequence[Episode], e: int, reward: str | None) -> None:
+    ep = episodes[e]
+    if not _finite(ep.reward):
+        raise ContractError(f"{_where(episodes, e)}: Episode.reward is {ep.reward!r}, not a finite number")
+    if not isinstance(ep.metrics, dict) or not all(_finite(v) for v in ep.metrics.values()):
+        raise ContractError(f"{_where(episodes, e)}: Episode.metrics must map names to finite numbers, got "
+                            f"{ep.metrics!r}")
+    if reward is not None and reward not in ep.metrics:
+        raise ContractError(f"{_where(episodes, e)}: Episode.metrics has no {reward!r} (it has "
+                            f"{sorted(ep.metrics)}), the reward the trainer reads; keep the env's final "
+                            "info['metrics'] (MemoryPolicy.end_episode does)")
+
+
+def _check_invocation(episodes: Sequence[Episode], e: int, j: int, inv: Any, mode: str) -> None:
+    where = _where(episodes, e, j)
+    if not isinstance(inv, Invocation):
+        raise ContractError(f"{where}: expected an agents.records.Invocation (the backend writes one per model "
+                            f"call), got {type(inv).__name__}")
+    try:
+        inv.validate()  # the record may have been edited after the backend wrote it
+    except RecordError as exc:
+        raise ContractError(f"{where}: {exc}") from None
+    if mode == "persistent":
+        observation_ids(inv, where)
+        _check_same_prefix(episodes[e].invocations[0], inv, where)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def build_units(episodes: Sequence[Episode | Sequence[Invocation]], mode: str = "aligned", *,

@@ -5,6 +5,14 @@ Examples::
     python -m memopd.eval --env memgym/LongQA-v0 --agent oracle --episodes 20
     python -m memopd.eval --env memgym/LongQA-v0 --agent memagent --model tiny --episodes 20
     python -m memopd.eval --agent memagent --model smollm2 --episodes 4 --env-kwarg num_chunks=2
+    python -m memopd.eval --agent rag --model tiny --agent-kwarg top_k=2
+    python -m memopd.eval --agent examples.notes_agent:NotesAgent --model tiny   # your own MemoryPolicy
+
+``--agent`` is a registered name (the built-ins and installed ``memopd.agents`` plugins, listed
+below) or ``module:Class`` (a MemoryPolicy subclass, importable from the current directory or an
+installed package); ``--agent-kwarg KEY=VALUE`` passes constructor options. A model-backed agent
+gets ``backend=`` and ``sampling=`` (from --model, --temperature, --top-p, --max-new-tokens), and
+``answer_max_new_tokens`` / ``top_k`` when its constructor takes them.
 
 Episodes are the first ``--episodes`` samples of ``--split`` (sample indices ``--start-index``
 onwards), so runs are comparable; ``--seed`` seeds the env resets and the model's sampling.
@@ -13,7 +21,8 @@ saves ``episodes.jsonl`` (every invocation, token-exact) and ``summary.json`` in
 ``--agent oracle`` calls no model: ``--model`` only picks the tokenizer of its records, and only
 the tokenizer is loaded.
 
-Bad input (an unknown env, agent or model, a missing model path, indices past the end of the
+Bad input (an unknown env, agent or model, an agent that cannot be imported or is not a
+MemoryPolicy, an option its constructor does not take, a missing model path, indices past the end of the
 split, an env option the env does not take, an output directory that cannot be written) prints
 ``error: <what, where, how to fix>`` on stderr and exits 2. A run that fails removes the output
 it started, so no empty or half-written directory is left behind (Ctrl-C keeps the episodes
@@ -24,14 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from memgym.cli import DEFAULT_THREADS, THREADS_HELP, CLIError, describe, parse_kwargs, run_main, set_threads
-
-MODEL_AGENTS = ("memagent", "fullcontext", "rag")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -48,11 +56,17 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from agents.policy import AGENTS
+    from agents.registry import agent_names
 
     p = argparse.ArgumentParser(prog="python -m memopd.eval", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--env", default="memgym/LongQA-v0", help=f"environment id; one of: {', '.join(_env_ids())}")
-    p.add_argument("--agent", default="memagent", choices=sorted(AGENTS), help="the agent to evaluate")
+    p.add_argument("--agent", default="memagent", metavar="NAME|module:Class",
+                   help=f"the agent to evaluate: one of {{{','.join(agent_names())}}} (built-ins and installed "
+                        "memopd.agents plugins), or module:Class, a MemoryPolicy subclass (e.g. "
+                        "examples.notes_agent:NotesAgent, imported from the current directory)")
+    p.add_argument("--agent-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                   help="agent constructor option (repeatable), e.g. top_k=5; VALUE is parsed as a Python literal "
+                        "when it is one, else kept as a string")
     p.add_argument("--model", default=None,
                    help="model spec: preset (tiny, tiny-teacher, tiny-llama, smollm2), model directory, training "
                         "run directory, .gguf file or hub id. Needed by every agent but oracle, for which it only "
@@ -70,7 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256,
                    help="new-token limit of memory calls (also capped at a token memory budget)")
     p.add_argument("--answer-max-new-tokens", type=int, default=32, help="new-token limit of answer calls")
-    p.add_argument("--top-k", type=int, default=3, help="chunks retrieved by --agent rag")
+    p.add_argument("--top-k", type=int, default=3, help="chunks retrieved by --agent rag (passed as top_k to an "
+                                                        "agent that takes it; --agent-kwarg top_k=N overrides it)")
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra gymnasium.make kwarg (repeatable); VALUE is parsed as a Python literal when it "
                         "is one (8, 0.5, True, None), else kept as a string")
@@ -90,7 +105,7 @@ def _env_ids() -> list[str]:
 
 
 def check_choices(args: argparse.Namespace) -> str:
-    """Validate env id, model and counts before anything heavy; returns the resolved env id."""
+    """Validate env id, agent, model and counts before anything heavy; returns the resolved env id."""
     import memgym
 
     env_id = args.env.split(":", 1)[1] if args.env.startswith("memgym:") else args.env
@@ -99,9 +114,11 @@ def check_choices(args: argparse.Namespace) -> str:
             env_id = memgym.resolve_id(env_id)
         except Exception:  # noqa: BLE001 - any failure means: not a known env
             raise CLIError(f"unknown env {args.env!r}; available envs: {', '.join(memgym.list_envs())}") from None
-    if args.agent in MODEL_AGENTS and not args.model:
+    agent = check_agent(args)
+    if agent.calls_model and not args.model:
         raise CLIError(f"--agent {args.agent} needs --model (a preset such as tiny or smollm2, a model "
-                       "directory, a .gguf file or a hub id); only --agent oracle runs without a model")
+                       "directory, a .gguf file or a hub id); only a scripted agent such as --agent oracle runs "
+                       "without a model")
     for flag in ("episodes", "batch_size", "group_size"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -112,17 +129,43 @@ def check_choices(args: argparse.Namespace) -> str:
     return env_id
 
 
+def check_agent(args: argparse.Namespace) -> Any:
+    """The agent class of ``--agent``, checked with its ``--agent-kwarg`` options before anything
+    loads; stores the parsed options on ``args.agent_options``."""
+    from agents.registry import MODEL_ARGS, SCRIPTED_ARGS, AgentSpecError, check_convention, check_options, \
+        resolve_agent
+
+    args.agent_options = parse_kwargs(args.agent_kwarg, "--agent-kwarg")
+    try:
+        cls = resolve_agent(args.agent)
+        check_convention(cls, args.agent)
+        check_options(cls, args.agent, args.agent_options, MODEL_ARGS if cls.calls_model else SCRIPTED_ARGS)
+    except AgentSpecError as exc:
+        raise CLIError(f"--agent {exc}") from None
+    return cls
+
+
+def _agent(args: argparse.Namespace, required: dict[str, Any], optional: dict[str, Any]) -> Any:
+    from agents.registry import AgentSpecError, build_agent
+
+    try:
+        return build_agent(args.agent, required, optional, args.agent_options)
+    except AgentSpecError as exc:
+        raise CLIError(f"--agent {exc}") from None
+
+
 def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> tuple[list[Any], Any, str]:
     """The envs, the agent and a model label."""
-    from agents.policy import make_agent
+    from agents.registry import resolve_agent
 
-    if args.agent == "oracle":
+    if not resolve_agent(args.agent).calls_model:
         from agents.models import load_tokenizer
 
-        # the oracle calls no model: its tokenizer is all it needs (loading weights only costs time)
+        # a scripted agent (the oracle) calls no model: its tokenizer is all it needs (loading weights only costs time)
         tokenizer = _guard_model(args.model or "tiny", lambda: load_tokenizer(args.model))
         envs = make_envs(env_id, args, tokenizer, env_kwargs)
-        return envs, make_agent("oracle", samples=envs[0].unwrapped.source, tokenizer=tokenizer), args.model or "-"
+        agent = _agent(args, {"tokenizer": tokenizer}, {"samples": getattr(envs[0].unwrapped, "source", None)})
+        return envs, agent, args.model or "-"
 
     from agents.backends.base import SamplingParams
     from agents.backends.hf import HFBackend
@@ -135,11 +178,9 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
     greedy = args.temperature <= 0
     sampling = SamplingParams(temperature=1.0 if greedy else args.temperature, top_p=args.top_p, greedy=greedy,
                               max_new_tokens=args.max_new_tokens)
-    kwargs: dict[str, Any] = {"backend": backend, "sampling": sampling,
-                              "answer_max_new_tokens": args.answer_max_new_tokens}
-    if args.agent == "rag":
-        kwargs["top_k"] = args.top_k
-    return make_envs(env_id, args, tokenizer, env_kwargs), make_agent(args.agent, **kwargs), args.model
+    agent = _agent(args, {"backend": backend, "sampling": sampling},
+                   {"answer_max_new_tokens": args.answer_max_new_tokens, "top_k": args.top_k})
+    return make_envs(env_id, args, tokenizer, env_kwargs), agent, args.model
 
 
 def _guard_model(spec: str, load: Any) -> Any:
@@ -220,12 +261,17 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
     env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = OutputDir(Path(args.out) if args.out else
-                    Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{args.agent}-{stamp}")
+                    Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{_label(args.agent)}-{stamp}")
     try:
         return _run(args, env_id, env_kwargs, out.path)
     except Exception:
         out.discard()  # no half-written results: a failed run leaves nothing behind
         raise
+
+
+def _label(spec: str) -> str:
+    """``--agent`` as a directory-name part (``examples.notes_agent:NotesAgent`` -> ``NotesAgent``)."""
+    return re.sub(r"[^\w.-]+", "_", spec.rpartition(":")[2] or spec)
 
 
 def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -241,7 +287,7 @@ def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out:
                        progress=args.progress)
     wall = time.perf_counter() - t0
     summary = summarize(episodes, wall_s=wall)
-    summary.update({"env": env_id, "agent": args.agent, "model": model_label, "split": args.split,
+    summary.update({"env": env_id, "agent": args.agent, "agent_kwargs": args.agent_options, "model": model_label, "split": args.split,
                     "episodes": len(episodes), "seed": args.seed, "start_index": args.start_index,
                     "group_size": args.group_size, "temperature": args.temperature, "env_kwargs": env_kwargs})
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")

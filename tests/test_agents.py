@@ -64,7 +64,7 @@ def test_memagent_episode_records(tiny, backend):
     assert episode.prediction == tokenizer.decode(strip_stop(invs[3]), skip_special_tokens=True).strip()
     assert episode.reward == episode.metrics["f1"] and set(episode.metrics) == {"em", "f1", "sub_em"}
     assert episode.answers == [a for a in episode.answers if a] and episode.question == infos[0]["question"]
-    assert episode.meta["agent"] == "memagent" and episode.meta["num_chunks"] == 3
+    assert episode.agent == "memagent" and "agent" not in episode.meta and episode.meta["num_chunks"] == 3
 
 
 def test_act_batch_batches_all_slots_in_one_generate(tiny):
