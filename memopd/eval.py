@@ -22,8 +22,8 @@ saves ``episodes.jsonl`` (every invocation, token-exact) and ``summary.json`` in
 the tokenizer is loaded.
 
 Bad input (an unknown env, agent or model, an agent that cannot be imported or is not a
-MemoryPolicy, an option its constructor does not take, a missing model path, indices past the end of the
-split, an env option the env does not take, an output directory that cannot be written) prints
+MemoryPolicy, an option its constructor does not take, a missing model path, indices past the
+end of the split, an env option the env does not take, an output directory that cannot be written) prints
 ``error: <what, where, how to fix>`` on stderr and exits 2. A run that fails removes the output
 it started, so no empty or half-written directory is left behind (Ctrl-C keeps the episodes
 finished so far, one whole record per line).
@@ -287,8 +287,8 @@ def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out:
                        progress=args.progress)
     wall = time.perf_counter() - t0
     summary = summarize(episodes, wall_s=wall)
-    summary.update({"env": env_id, "agent": args.agent, "agent_kwargs": args.agent_options, "model": model_label, "split": args.split,
-                    "episodes": len(episodes), "seed": args.seed, "start_index": args.start_index,
+    summary.update({"env": env_id, "agent": args.agent, "agent_kwargs": args.agent_options, "model": model_label,
+                    "split": args.split, "episodes": len(episodes), "seed": args.seed, "start_index": args.start_index,
                     "group_size": args.group_size, "temperature": args.temperature, "env_kwargs": env_kwargs})
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     header = f"{env_id}  agent={args.agent}  model={model_label}  split={args.split}  episodes={len(episodes)}"

@@ -82,6 +82,15 @@ class TrainConfig(TrainingOptions):
                                           "config.toml)")
     steps: int = field(80, help="training steps (one rollout batch each)", range=(1, None))
     # rollout
+    agent: str = field("memagent", help="the policy rolled out and trained: a registered agent name (memagent, "
+                                        "fullcontext, rag, or an installed memopd.agents plugin) or module:Class, "
+                                        "a MemoryPolicy subclass taking backend= and sampling= (e.g. "
+                                        "examples.notes_agent:NotesAgent, imported from the current directory); "
+                                        "the oracle calls no model and cannot be trained")
+    agent_kwargs: dict = field(default_factory=dict,
+                               help="agent constructor option (repeatable), e.g. answer_max_new_tokens=16; VALUE is "
+                                    "read as a Python literal when it is one, else kept as a string. In a TOML "
+                                    "config: a table, agent_kwargs = { answer_max_new_tokens = 16 }")
     questions_per_step: int = field(8, help="questions per step (B)", range=(1, None))
     group_size: int = field(4, help="samples per question (G)", range=(1, None))
     rollout_envs: int = field(64, help="environments stepped in lockstep (model calls batched across them)",
@@ -128,6 +137,22 @@ class TrainConfig(TrainingOptions):
                                range=(1, None))
     tensorboard: bool = field(False, help="also log to TensorBoard (RUN_DIR/tensorboard)")
     wandb_project: str | None = field(None, help="also log to this W&B project")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_agent()
+
+    def _check_agent(self) -> None:
+        """``--agent`` must name a trainable agent that takes its ``--agent-kwarg`` options: refused
+        here, when the config is made, before any model or teacher is loaded."""
+        from agents.registry import MODEL_ARGS, AgentSpecError, check_options, check_trainable, resolve_agent
+
+        try:
+            cls = resolve_agent(self.agent)
+            check_trainable(cls, self.agent)
+            check_options(cls, self.agent, self.agent_kwargs, reserved=MODEL_ARGS)
+        except AgentSpecError as exc:
+            raise ConfigError(f"--agent {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,7 +245,8 @@ class Critic(torch.nn.Module):
 # ------------------------------------------------------------------------------------------------
 
 class Roller:
-    """Runs MemAgent episodes of the current student on a pool of envs."""
+    """Runs episodes of the ``--agent`` policy (default MemAgent) with the current student on a pool
+    of envs, and checks that its records carry what the learner needs."""
 
     def __init__(self, cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any):
         import gymnasium as gym
@@ -240,14 +266,38 @@ class Roller:
             raise ConfigError(f"--env-kwarg: {cfg.env} refused {cfg.env_kwargs}: {exc}") from None
 
     def _agent(self, greedy: bool, seed: int | None):
+        """The ``--agent`` by the constructor convention: the student's backend, the run's sampling,
+        and the ``--agent-kwarg`` options."""
         from agents.backends.base import SamplingParams
-        from agents.memagent import MemAgent
+        from agents.registry import AgentSpecError, build_agent
 
         sp = SamplingParams(temperature=self.cfg.temperature, max_new_tokens=self.cfg.max_new_tokens,
                             greedy=greedy, seed=seed)
-        return MemAgent(self.backend, sampling=sp)
+        try:
+            return build_agent(self.cfg.agent, {"backend": self.backend, "sampling": sp}, options=self.cfg.agent_kwargs)
+        except AgentSpecError as exc:
+            raise ConfigError(f"--agent {exc}") from None
+
+    def check(self, episodes: Sequence[Episode]) -> None:
+        """The learner's contract on the agent's records (:func:`memopd.contexts.check_contract`) for
+        this run's reward, teacher context and mask: a bad agent fails at its first rollout (the
+        held-out evaluation before training), before any update, with its name."""
+        from memopd.contexts import ContractError, check_contract
+
+        cfg = self.cfg
+        roles = None if cfg.opd_coef == 0 else ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,)
+        try:
+            check_contract(episodes, cfg.teacher_context if roles is not None else "aligned", teacher_roles=roles,
+                           reward=None if cfg.reward == "none" else cfg.reward)
+        except ContractError as exc:
+            raise ContractError(f"--agent {cfg.agent}: {exc}") from None
 
     def rollout(self, step: int) -> list[Episode]:
+        episodes = self._rollout(step)
+        self.check(episodes)
+        return episodes
+
+    def _rollout(self, step: int) -> list[Episode]:
         from agents.rollout import rollout
 
         cfg = self.cfg
@@ -264,6 +314,7 @@ class Roller:
 
         eps = rollout(self.test_envs, self._agent(True, 0), self.cfg.eval_episodes, seed=10_000,
                       progress=self.cfg.progress, run_id="eval")
+        self.check(eps)
         agg = aggregate([e.metrics for e in eps])
         return {k: float(agg[k]) for k in ("em", "f1", "sub_em")}
 
