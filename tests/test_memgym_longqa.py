@@ -125,8 +125,8 @@ def test_bad_knobs_are_rejected_clearly():
         make_source("train", 0, fact_order="backwards")
     with pytest.raises(TypeError, match="unknown option"):
         make_source("train", 0, hopz=2)
-    with pytest.raises(ValueError, match="chunk_size"):
-        list(make_source("train", 0, hops=3, chunk_size=20)[0].documents)
+    with pytest.raises(ValueError, match=r"chunk_size=16 words is too small .* pass chunk_size=36 or more"):
+        list(make_source("train", 0, hops=3, chunk_size=16)[0].documents)
 
 
 def test_tokenizer_corpus_gives_one_token_per_word():

@@ -75,6 +75,8 @@ class PlannedDocuments:
             return self.counter.count(render_document(state["start"] + len(buf), doc))
 
         def push(doc: Document, u: int, fact: bool) -> None:
+            if u > self.chunk_size:  # the chunker would split it, and the plan would no longer hold
+                raise ValueError(self._too_small(u, "one document"))
             buf.append(doc), units.append(u), has_fact.append(fact)
             packer.add(u)
 
@@ -88,6 +90,10 @@ class PlannedDocuments:
                     break
             return doc
 
+        # What the previous chunk could still take: a document that would not fit there may open this
+        # chunk in place of the carry.
+        previous = Packer(self.chunk_size, self.counter)
+        previous.used, previous.pieces = packer.used, packer.pieces
         packer.close()
         if carry is not None:  # it did not fit the previous chunk, so it opens this one
             push(carry, measure(carry), False)
@@ -99,12 +105,14 @@ class PlannedDocuments:
                 pending = [f for f in pending if f not in group]
                 doc = new_document(group)
                 while not packer.fits(u := measure(doc)):
-                    # Make room by dropping the latest plain documents; a chunk's first document
-                    # stays (it is the one that did not fit the previous chunk).
-                    if len(buf) <= (1 if c > 0 else 0) or has_fact[-1]:
-                        raise ValueError(
-                            f"{self.name}: chunk_size={self.chunk_size} {self.counter.unit} is too small to hold "
-                            f"a fact document next to another document; use a larger chunk_size")
+                    # Make room by dropping the latest plain documents. A chunk's first document
+                    # (the one that did not fit the previous chunk) stays, unless the fact document
+                    # does not fit the previous chunk either: then it opens this chunk instead.
+                    opening = self.counter.count(render_document(state["start"], doc))
+                    if carry is not None and len(buf) == 1 and not previous.fits(opening):
+                        carry = None
+                    elif len(buf) <= (1 if c > 0 else 0) or has_fact[-1]:
+                        raise ValueError(self._too_small(u))
                     buf.pop(), units.pop(), has_fact.pop()
                     packer.close()
                     for v in units:
@@ -120,9 +128,15 @@ class PlannedDocuments:
                 nxt = None
                 continue
             if not buf:
-                raise ValueError(f"{self.name}: chunk_size={self.chunk_size} {self.counter.unit} is smaller than "
-                                 f"one document ({u} {self.counter.unit}); use a larger chunk_size")
+                raise ValueError(self._too_small(u, "one document"))
             if pending:
                 closing = True  # the chunk is full: place the remaining facts now
                 continue
             return buf, nxt
+
+    def _too_small(self, units: int, what: str = "a fact document next to another document") -> str:
+        """Why a document cannot be placed, with a chunk_size that leaves room for it."""
+        unit = self.counter.unit
+        size = max(2 * units, self.chunk_size + units)
+        return (f"{self.name}: chunk_size={self.chunk_size} {unit} is too small to hold {what} "
+                f"({units} {unit}); pass chunk_size={size} or more (e.g. --env-kwarg chunk_size={size})")
