@@ -123,8 +123,10 @@ def _scan(path_key: tuple[str, ...]) -> tuple[tuple[str, AgentEntry], ...]:
 
 
 def _dist_name(dist: importlib.metadata.Distribution) -> str:
+    """The normalised distribution name; its metadata folder's name when METADATA lacks one."""
     name = dist.metadata["Name"] if dist.metadata is not None else None
-    return re.sub(r"[-_.]+", "-", str(name or "unknown")).lower()
+    folder = getattr(getattr(dist, "_path", None), "name", None) or "unknown"  # e.g. foo-1.0.dist-info
+    return re.sub(r"[-_.]+", "-", str(name or folder)).lower()
 
 
 def _entries(dist: importlib.metadata.Distribution, label: str) -> list[AgentEntry]:

@@ -39,6 +39,7 @@ import torch
 
 from agents.models import RUN_MODEL_DIR
 from agents.records import ROLES, Episode, save_episodes
+from agents.registry import agent_names as _agent_names
 from memgym.cli import fail, run_main, set_threads
 from memopd import checkpoint, losses
 from memopd import config as cfgmod
@@ -82,11 +83,11 @@ class TrainConfig(TrainingOptions):
                                           "config.toml)")
     steps: int = field(80, help="training steps (one rollout batch each)", range=(1, None))
     # rollout
-    agent: str = field("memagent", help="the policy rolled out and trained: a registered agent name (memagent, "
-                                        "fullcontext, rag, or an installed memopd.agents plugin) or module:Class, "
-                                        "a MemoryPolicy subclass taking backend= and sampling= (e.g. "
-                                        "examples.notes_agent:NotesAgent, imported from the current directory); "
-                                        "the oracle calls no model and cannot be trained")
+    agent: str = field("memagent", help="the policy rolled out and trained: a registered name (built-ins and "
+                                        f"installed memopd.agents plugins: {', '.join(_agent_names())}; the "
+                                        "oracle calls no model and cannot be trained) or module:Class, a "
+                                        "MemoryPolicy subclass taking backend= and sampling= (e.g. "
+                                        "examples.notes_agent:NotesAgent, imported from the current directory)")
     agent_kwargs: dict = field(default_factory=dict,
                                help="agent constructor option (repeatable), e.g. answer_max_new_tokens=16; VALUE is "
                                     "read as a Python literal when it is one, else kept as a string. In a TOML "

@@ -199,3 +199,19 @@ def test_the_oracle_is_refused_for_training():
                                              r"a model-backed agent \(fullcontext, memagent, rag or your own"):
         check_trainable(resolve_agent("oracle"), "oracle")
     check_trainable(resolve_agent("fullcontext"), "fullcontext")
+
+
+def test_a_pip_installed_plugin_appears_in_both_clis_help(plugin_dir):
+    """In a fresh process, as a user runs the CLIs after `pip install`: the plugin's name is listed."""
+    import os
+    import subprocess
+
+    install_plugin(plugin_dir, "listed-plugin", "[memopd.agents]\nlisted = listed_mod:Listed\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir), os.environ.get("PYTHONPATH", "")])}
+    for cli in ("memopd.eval", "memopd.train"):
+        res = subprocess.run([sys.executable, "-m", cli, "--help"], capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        flat = " ".join(res.stdout.split())
+        agent_help = flat.split("options:", 1)[1].split("--agent ", 1)[1].split(" --", 1)[0]
+        assert "listed" in agent_help and "memagent" in agent_help, (cli, agent_help)
