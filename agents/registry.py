@@ -335,7 +335,7 @@ def build_agent(spec: str, required: Mapping[str, Any], optional: Mapping[str, A
     check_convention(cls, spec)
     options = dict(options or {})
     check_options(cls, spec, options, reserved=tuple(required))
-    names, open_ = constructor_params(cls)
+    names, _ = constructor_params(cls)
     kwargs = {k: v for k, v in (optional or {}).items() if k in names}
     kwargs.update(options)
     kwargs.update(required)

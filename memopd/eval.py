@@ -132,8 +132,8 @@ def check_choices(args: argparse.Namespace) -> str:
 def check_agent(args: argparse.Namespace) -> Any:
     """The agent class of ``--agent``, checked with its ``--agent-kwarg`` options before anything
     loads; stores the parsed options on ``args.agent_options``."""
-    from agents.registry import MODEL_ARGS, SCRIPTED_ARGS, AgentSpecError, check_convention, check_options, \
-        resolve_agent
+    from agents.registry import (MODEL_ARGS, SCRIPTED_ARGS, AgentSpecError, check_convention, check_options,
+                                 resolve_agent)
 
     args.agent_options = parse_kwargs(args.agent_kwarg, "--agent-kwarg")
     try:
