@@ -66,6 +66,11 @@ def clean_leftovers(run_dir: str | Path) -> list[Path]:
     return gone
 
 
+def step_dir(run_dir: str | Path, step: int) -> Path:
+    """Where checkpoint ``step`` lives (or will)."""
+    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
+
+
 def _state_dict_for_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     # tied weights share storage; safetensors refuses shared tensors, so save contiguous clones
     return {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}
@@ -85,11 +90,14 @@ def _fsync_dir(path: Path) -> None:
 def save(run_dir: str | Path, step: int, modules: dict[str, torch.nn.Module],
          trainer_state: dict[str, Any], keep: int = 2) -> Path:
     """Write ``modules`` (as safetensors) and ``trainer_state`` (optimizer, scheduler, RNG, metrics
-    state: tensors and plain data only) atomically as checkpoint ``step``; keep the newest ``keep``."""
+    state: tensors and plain data only) atomically as checkpoint ``step``; keep the newest ``keep``.
+
+    A module may be anything with ``state_dict()`` / ``load_state_dict(state, strict=False)``, such
+    as :class:`memopd.distributed.FullState` (a sharded model seen whole)."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     clean_leftovers(run_dir)
-    name = f"step-{step:06d}"
+    name = step_dir(run_dir, step).name
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root))
     try:
         for key, module in modules.items():

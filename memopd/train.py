@@ -33,7 +33,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -41,7 +41,7 @@ from agents.models import RUN_MODEL_DIR
 from agents.records import ROLES, Episode, save_episodes
 from agents.registry import agent_names as _agent_names
 from memgym.cli import fail, run_main, set_threads
-from memopd import checkpoint, losses
+from memopd import checkpoint, distributed, losses
 from memopd import config as cfgmod
 from memopd.audit import RCEAuditHook
 from memopd.config import ConfigError, TrainingOptions, field
@@ -123,6 +123,12 @@ class TrainConfig(TrainingOptions):
                              range=(1, None))
     critic_lr: float = field(1e-3, help="critic learning rate (GAE)", range=(0.0, 1.0))
     kl_chunk: int = field(1024, help="action tokens projected to the full vocabulary at a time", range=(1, None))
+    # several processes (torchrun; see README "Scale out")
+    parallel: str = field("fsdp", help="data parallelism of the student and critic under torchrun: FSDP2 "
+                                       "sharding (fsdp) or whole replicas (ddp)", choices=distributed.PARALLEL_MODES)
+    dist_timeout: float = field(600.0, help="seconds any collective may wait for the other ranks before the job "
+                                            "fails (a dead rank ends the run instead of hanging it)",
+                                range=(1.0, None))
     # evaluation, logging, checkpoints
     eval_every: int = field(20, help="held-out evaluation every N steps (0 = only before and after)",
                             range=(0, None))
@@ -256,6 +262,8 @@ class Roller:
         from agents.backends.hf import HFBackend
 
         self.cfg = cfg
+        self.questions = (0, cfg.questions_per_step)  # (first, count): a rank's share under torchrun
+        self.run_tag = ""  # tells the group ids of ranks apart
         self.backend = HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed)
         n = min(cfg.rollout_envs, cfg.questions_per_step * cfg.group_size)
         kw = {**cfg.env_kwargs, "tokenizer": tokenizer}
@@ -303,11 +311,12 @@ class Roller:
 
         cfg = self.cfg
         self.backend.policy_version = step
+        first, count = self.questions  # this process's share of the step's questions (all of them alone)
         # every step has its own seeds, so a resumed run replays exactly what it would have done
-        base = cfg.seed * 1_000_003 + step * cfg.questions_per_step
+        base = cfg.seed * 1_000_003 + step * cfg.questions_per_step + first
         self.backend.reseed(base)
-        return rollout(self.train_envs, self._agent(False, None), cfg.questions_per_step * cfg.group_size,
-                       group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}")
+        return rollout(self.train_envs, self._agent(False, None), count * cfg.group_size,
+                       group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}{self.run_tag}")
 
     def evaluate(self) -> dict[str, float]:
         from agents.rollout import rollout
@@ -378,16 +387,21 @@ class Trainer:
         from agents.models import check_same_vocab, load
 
         cfg = resolve_defaults(cfg)
-        self.cfg, self.log = cfg, log
         set_threads(cfg.threads)
+        self.world = distributed.setup(cfg.device, cfg.dist_timeout)  # one process: nothing to join
+        distributed.check_batch(self.world, cfg.questions_per_step, cfg.group_size)
+        if not self.world.is_main:  # only rank 0 logs and draws progress bars
+            cfg, log = dataclasses.replace(cfg, progress=False), _quiet
+        self.cfg, self.log = cfg, log
         torch.manual_seed(cfg.seed)
         _check_env(cfg.env)
         check_mirrors(cfg.tensorboard, cfg.wandb_project)
         self.run_dir = Path(cfg.run_dir)
         self.student, self.tokenizer = load(cfg.model, device=cfg.device)
+        check_env_settings(cfg, self.tokenizer)
         self.teacher = self.teacher_tok = None
         if cfg.opd_coef > 0:
-            self.teacher, self.teacher_tok = load(ensure_teacher(cfg, log), device=cfg.device)
+            self.teacher, self.teacher_tok = load(self._teacher_spec(), device=cfg.device)
             check_same_vocab(self.teacher_tok, self.tokenizer)
             self.teacher.eval().requires_grad_(False)
         from agents.presets import TINY_PRESETS
@@ -396,7 +410,11 @@ class Trainer:
         self.fresh_student = cfg.student_warmup_steps > 0 and cfg.model in TINY_PRESETS and not cfg.resume
         self.ref = None
         self.critic = Critic(self.student) if cfg.advantage == "gae" else None
-        self.roller = Roller(cfg, self.student, self.tokenizer)
+        self.twin = self._go_parallel()  # whole weights for rollouts: the student itself in one process
+        self.roller = Roller(cfg, self.twin, self.tokenizer)
+        if self.world.enabled:
+            self.roller.questions = distributed.question_share(cfg.questions_per_step, self.world)
+            self.roller.run_tag = f"-r{self.world.rank}"
         self.opt = torch.optim.AdamW(self.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, cfgmod.lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
@@ -411,6 +429,41 @@ class Trainer:
         self.made_run_dir = False
         self.logger = self._open_run_dir()
 
+    def _teacher_spec(self) -> str:
+        """``--teacher auto`` is built once, by rank 0, while the other ranks wait for its cache."""
+        if not self.world.is_main:
+            distributed.barrier(self.world)
+            return ensure_teacher(self.cfg, self.log)
+        spec = ensure_teacher(self.cfg, self.log)
+        distributed.barrier(self.world)
+        return spec
+
+    def _go_parallel(self) -> torch.nn.Module:
+        """Under torchrun, shard (FSDP2) or replicate (DDP) the student and the critic; returns the
+        model with whole weights that rollouts, evaluations and audits use. Alone: the student."""
+        from memopd.heads import output_head
+
+        self.student_fwd, self.critic_fwd, self.head = None, self.critic, None
+        if not self.world.enabled:
+            return self.student
+        cfg, world = self.cfg, self.world
+        self.head = output_head(self.student)  # probed through the model's own forward, before sharding
+        twin = copy.deepcopy(self.student) if cfg.parallel == "fsdp" else self.student
+        self.student_fwd = distributed.wrap(distributed.PackedStates(self.student),
+                                            distributed.decoder_layers(self.student), cfg.parallel, cfg.device, world)
+        if self.critic is not None:
+            self.critic_fwd = distributed.wrap(self.critic, distributed.decoder_layers(self.critic.lm), cfg.parallel,
+                                               cfg.device, world)
+        return twin
+
+    def _student_states(self, mb: PackedBatch) -> ActionStates:
+        """The student's states at a minibatch's action tokens (through the FSDP2/DDP wrapper
+        under torchrun, so that gradients are reduced across ranks)."""
+        if self.student_fwd is None:
+            return action_states(self.student, mb, lowering=self.cfg.attn)
+        hidden = self.student_fwd(mb, self.cfg.attn)
+        return ActionStates(hidden, self.head, mb.temperatures.to(hidden.device))
+
     def _open_run_dir(self) -> RunLogger:
         """A fresh run: refuse a directory that holds a run, else make it and write config.toml.
         A resume: the directory must hold the run (its config is rewritten after the restore)."""
@@ -420,6 +473,8 @@ class Trainer:
                 raise ConfigError(f"--run-dir {self.run_dir} already holds a run with checkpoints; continue it with "
                                   f"--resume {self.run_dir}, or choose another --run-dir")
             text = cfgmod.dump_toml(cfg)  # fails (None in env kwargs) before anything is made
+            if not self.world.is_main:  # rank 0 alone writes the run directory
+                return _QuietLogger()
             self.made_run_dir = not self.run_dir.exists()
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -430,6 +485,8 @@ class Trainer:
             except BaseException:
                 self._discard_failed_start()
                 raise
+        if not self.world.is_main:
+            return _QuietLogger()
         return RunLogger(self.run_dir, cfg.tensorboard, cfg.wandb_project, dataclasses.asdict(cfg))
 
     def _discard_failed_start(self) -> None:
@@ -452,11 +509,30 @@ class Trainer:
         """Checkpoint this step, with the metrics rows logged at it: a resume rewrites
         ``metrics.jsonl`` as the rows before this step plus these, so a kill on either side of a
         row's write never duplicates or loses it."""
+        if self.world.enabled:
+            return self._save_gathered()
         state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                  "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt else None,
                  "rng": checkpoint.rng_state(), "bad_steps": self.bad_steps, "history": self.history,
                  "rows": list(self.step_rows)}
         return checkpoint.save(self.run_dir, self.step, self.modules(), state, keep=self.cfg.keep_checkpoints)
+
+    def _save_gathered(self) -> Path:
+        """Under torchrun: every rank gathers the whole weights and optimizer state (collectives)
+        and rank 0 writes them in the one-process layout, so a run resumes at any world size;
+        every rank's RNG state is kept (``rng_ranks``)."""
+        mods = {k: distributed.FullState(m, gather=True) if k != "ref" else m for k, m in self.modules().items()}
+        opt = distributed.full_optimizer_state(self.opt)
+        critic_opt = distributed.full_optimizer_state(self.critic_opt) if self.critic_opt else None
+        rngs = distributed.gather_objects(checkpoint.rng_state(), self.world)
+        path = checkpoint.step_dir(self.run_dir, self.step)
+        if self.world.is_main:
+            state = {"optimizer": opt, "scheduler": self.sched.state_dict(), "critic_optimizer": critic_opt,
+                     "rng": rngs[0], "rng_ranks": rngs, "bad_steps": self.bad_steps, "history": self.history,
+                     "rows": list(self.step_rows)}
+            path = checkpoint.save(self.run_dir, self.step, mods, state, keep=self.cfg.keep_checkpoints)
+        distributed.barrier(self.world)  # no rank goes on before the checkpoint is complete
+        return path
 
     def log_row(self, metrics: dict[str, Any], save: bool = False) -> None:
         """Record a metrics row of the current step; with ``save``, checkpoint first (row included)."""
@@ -467,19 +543,36 @@ class Trainer:
 
     def restore(self) -> None:
         if self.cfg.ref_beta > 0:
-            self.ref = copy.deepcopy(self.student).requires_grad_(False)
-        state, path = checkpoint.load_latest(self.run_dir, self.modules())
-        self.opt.load_state_dict(state["optimizer"])
+            self.ref = copy.deepcopy(self.twin).requires_grad_(False)
+        if self.world.enabled:
+            state, path = self._restore_gathered()
+        else:
+            state, path = checkpoint.load_latest(self.run_dir, self.modules())
+            self.opt.load_state_dict(state["optimizer"])
+            if self.critic_opt is not None and state.get("critic_optimizer"):
+                self.critic_opt.load_state_dict(state["critic_optimizer"])
+            checkpoint.set_rng_state(state["rng"])
         self.sched.load_state_dict(state["scheduler"])
-        if self.critic_opt is not None and state.get("critic_optimizer"):
-            self.critic_opt.load_state_dict(state["critic_optimizer"])
-        checkpoint.set_rng_state(state["rng"])
         self.step, self.bad_steps, self.history = state["step"], state["bad_steps"], state["history"]
         self.step_rows = list(state.get("rows", []))
         earlier = [r for r in read_metrics(self.run_dir) if r.get("step", -1) < self.step]
         self.logger.rewrite(earlier + self.step_rows)
         self.log(f"resumed from {path} at step {self.step}")
-        self._record_changes()
+        if self.world.is_main:
+            self._record_changes()
+
+    def _restore_gathered(self) -> tuple[dict[str, Any], Path]:
+        """Under torchrun: every rank reads the whole checkpoint (written by any world size) and
+        keeps its shards; a rank takes its own saved RNG state (rank modulo the saved world)."""
+        mods = {k: distributed.FullState(m) if k != "ref" else m for k, m in self.modules().items()}
+        state, path = checkpoint.load_latest(self.run_dir, mods)
+        distributed.load_full_optimizer_state(self.opt, state["optimizer"])
+        if self.critic_opt is not None and state.get("critic_optimizer"):
+            distributed.load_full_optimizer_state(self.critic_opt, state["critic_optimizer"])
+        rngs = state.get("rng_ranks") or [state["rng"]]
+        checkpoint.set_rng_state(rngs[self.world.rank % len(rngs)])
+        distributed.sync_twin(self.student, self.twin)
+        return state, path
 
     def _record_changes(self) -> None:
         """Settings a resume changed (e.g. more --steps): written to config.toml, with a comment
@@ -499,18 +592,36 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        episodes = self.rollout()
+        self.last_episodes = episodes
+        return self.learn(episodes, rollout_s=time.perf_counter() - t0)
+
+    def rollout(self) -> list[Episode]:
+        """The step's episodes. Under torchrun each rank samples its share of the questions and
+        every rank gets all of them, in rank order (group-relative advantages then need nothing
+        more, and episode metrics are those of the whole batch)."""
+        mine = self.roller.rollout(self.step)
+        if not self.world.enabled:
+            return mine
+        return [e for part in distributed.gather_objects(mine, self.world) for e in part]
+
+    def learn(self, episodes: Sequence[Episode], rollout_s: float = 0.0) -> dict[str, float]:
+        """Advantages, teacher scores and the PPO epochs on a step's episodes (all of them, on every
+        rank); returns the step's metrics. Under torchrun a rank packs and scores only its share of
+        whole episodes, and the update is the one a single process makes on all of them."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        episodes = self.roller.rollout(self.step)
-        self.last_episodes = episodes
-        t_roll = time.perf_counter() - t0
+        own = self._own_episodes(episodes)
+        local = [episodes[i] for i in own]
 
         # advantages ----------------------------------------------------------------------------
         teacher_roles = ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,)
-        batch = pack_episodes(episodes, cfg.pack_tokens, mode="aligned", teacher_roles=teacher_roles,
+        batch = pack_episodes(local, cfg.pack_tokens, mode="aligned", teacher_roles=teacher_roles,
                               pad_token_id=_pad_id(self.tokenizer))
-        rewards = episode_rewards(episodes, cfg.reward)
-        weights = trajectory_weights(batch, episodes)
+        all_rewards = episode_rewards(episodes, cfg.reward)
+        rewards = all_rewards[own]
+        weights = trajectory_weights(batch, local)
         penalty = None
         if self.ref is not None and cfg.ref_beta > 0:
             with torch.no_grad():
@@ -519,14 +630,16 @@ class Trainer:
         values = returns = None
         if cfg.advantage == "gae":
             with torch.no_grad():
-                values = self.critic(batch, cfg.attn)
+                values = self.critic_fwd(batch, cfg.attn)
             adv, returns = gae_token_advantages(batch, rewards, values, penalty, cfg.gamma, cfg.lam)
-            adv = (adv - adv.mean()) / (adv.std() + 1e-6) if len(adv) > 1 else adv
+            adv = self._standardise(adv)
         else:
             if penalty is not None:  # spread the trajectory's mean penalty onto its reward
-                pen_ep = torch.zeros(len(episodes)).index_add_(0, batch.token_map[:, 0], penalty * weights)
-                rewards = rewards + pen_ep
-            adv = grpo_token_advantages(batch, episodes, rewards)
+                pen_ep = torch.zeros(len(local)).index_add_(0, batch.token_map[:, 0], penalty * weights)
+                all_rewards = all_rewards + distributed.all_sum_tensor(
+                    torch.zeros(len(episodes)).index_copy_(0, torch.tensor(own), pen_ep), self.world)
+            ep_adv = losses.group_advantages(all_rewards, [e.group_id or e.episode_id for e in episodes])
+            adv = ep_adv[own][batch.token_map[:, 0]]
 
         # teacher -------------------------------------------------------------------------------
         teacher_states = None
@@ -534,31 +647,54 @@ class Trainer:
             with torch.no_grad():
                 tb = batch if cfg.teacher_context == "aligned" else pack_episodes(
                     # a flattened transcript cannot be split across rows: widen rows to fit it
-                    episodes, fitting_budget(episodes, "persistent", cfg.pack_tokens), mode="persistent",
+                    local, fitting_budget(local, "persistent", cfg.pack_tokens), mode="persistent",
                     teacher_roles=teacher_roles, pad_token_id=_pad_id(self.tokenizer))
                 teacher_states = action_states(self.teacher, tb, lowering=cfg.attn).detach()
 
         # updates -------------------------------------------------------------------------------
-        roles = role_masks(batch, episodes)
+        roles = role_masks(batch, local)
         stats, token_kl = self._update(batch, adv, weights, teacher_states, values, returns, roles)
-        dt = time.perf_counter() - t0
+        if self.world.enabled:  # rollouts, evaluations and audits sample from the updated weights
+            distributed.sync_twin(self.student, self.twin)
+        learn_s = time.perf_counter() - t0
 
         n_calls = sum(len(e.invocations) for e in episodes)
         mem_tokens = [len(i.response_ids) for e in episodes for i in e.invocations if i.role == "memory"]
+        n_actions, n_real, n_slots = distributed.all_sum(
+            [batch.num_actions, batch.num_real_tokens, batch.block_ids.numel()], self.world)
         metrics = {
             "reward": float(episode_rewards(episodes, cfg.reward if cfg.reward != "none" else "f1").mean()),
             "f1": _mean([e.metrics.get("f1", 0.0) for e in episodes]),
             "em": _mean([e.metrics.get("em", 0.0) for e in episodes]),
             "calls_per_episode": n_calls / max(1, len(episodes)),
             "memory_tokens_per_call": _mean(mem_tokens),
-            "action_tokens": batch.num_actions,
-            "packing_efficiency": 1.0 - batch.padding_fraction,
-            "tokens_per_s": batch.num_real_tokens * cfg.ppo_epochs / max(1e-9, dt - t_roll),
-            "rollout_s": t_roll, "step_s": dt, "lr": self.sched.get_last_lr()[0],
+            "action_tokens": int(n_actions),
+            "packing_efficiency": 1.0 - (1.0 - n_real / max(1, n_slots)),
+            "tokens_per_s": n_real * cfg.ppo_epochs / max(1e-9, learn_s),
+            "rollout_s": rollout_s, "step_s": rollout_s + learn_s, "lr": self.sched.get_last_lr()[0],
             **stats,
         }
-        self._save_samples(episodes, batch, token_kl)
+        self._save_samples(episodes, own, batch, token_kl)
         return metrics
+
+    def _own_episodes(self, episodes: Sequence[Episode]) -> list[int]:
+        """Indices of the episodes this rank packs and scores: all of them alone; under torchrun a
+        share of whole episodes balanced by real tokens."""
+        if not self.world.enabled:
+            return list(range(len(episodes)))
+        tokens = [distributed.episode_tokens(e) for e in episodes]
+        return distributed.assign_episodes(tokens, self.world.size)[self.world.rank]
+
+    def _standardise(self, adv: torch.Tensor) -> torch.Tensor:
+        """GAE advantages to mean 0, std 1 over the whole batch (over every rank's tokens)."""
+        if not self.world.enabled:
+            return (adv - adv.mean()) / (adv.std() + 1e-6) if len(adv) > 1 else adv
+        n, total = distributed.all_sum([len(adv), float(adv.double().sum())], self.world)
+        if n <= 1:
+            return adv
+        mean = total / n
+        (sq,) = distributed.all_sum([float(((adv.double() - mean) ** 2).sum())], self.world)
+        return ((adv - mean) / (math.sqrt(sq / (n - 1)) + 1e-6)).float()
 
     def _update(self, batch: PackedBatch, advantages: torch.Tensor, weights: torch.Tensor,
                 teacher_states: ActionStates | None, values: torch.Tensor | None, returns: torch.Tensor | None,
@@ -566,47 +702,53 @@ class Trainer:
         """PPO epochs over minibatches of rows. ``advantages`` is [N] in the batch's action order
         (selected per minibatch by ``action_uid``; the packed batch is not written to). Returns the
         stats and the per-token divergence to the teacher of the first epoch ([N], NaN where the
-        teacher does not supervise)."""
-        cfg = self.cfg
+        teacher does not supervise).
+
+        Under torchrun the loss is global: each rank's masked means are rescaled from its own
+        normalisers (trajectory weights, teacher tokens) to the sums over all ranks, and its loss
+        is multiplied by the world size because data-parallel gradients are averaged; one process
+        rescales by exactly 1."""
+        cfg, world = self.cfg, self.world
         token_kl = torch.full((batch.num_actions,), float("nan"))
-        rows_per_mb = max(1, math.ceil(batch.num_rows / cfg.minibatches))
         sums: dict[str, list[float]] = {}
-        kl_parts: dict[str, list[torch.Tensor]] = {"all": [], **{r: [] for r in ROLES}}
+        kl_parts: dict[str, list[tuple[float, float]]] = {f"kl/{r}": [] for r in ("all", *ROLES)}
         skipped = 0
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
-            for mb in batch.micro_batches(rows_per_mb):
+            for mb in self._minibatches(batch):
                 uid = mb.action_uid
                 w = weights[uid]
-                s = action_states(self.student, mb, lowering=cfg.attn)
+                tmask = mb.teacher.float()
+                w_scale, t_scale = self._global_scales(float(w.sum()), float(tmask.sum()))
+                s = self._student_states(mb)
                 logp, ent, _ = token_logprobs(s, mb.action_ids, chunk_size=cfg.kl_chunk)
                 pg, pg_stats = (losses.ppo_policy_loss(logp, mb.old_logprobs, advantages[uid], w, cfg.clip_eps)
                                 if cfg.reward != "none" else (logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}))
-                entropy = losses.masked_mean(ent, w)
+                pg = pg * w_scale
+                entropy = losses.masked_mean(ent, w) * w_scale
                 opd = logp.sum() * 0.0
                 if teacher_states is not None:
                     t = teacher_states.select(uid)
                     div = losses.divergence_from_states(s, t, cfg.opd_divergence, cfg.kl_chunk)
-                    tmask = mb.teacher.float()
-                    opd = losses.masked_mean(div, tmask)
+                    opd = losses.masked_mean(div, tmask) * t_scale
                     with torch.no_grad():
                         if epoch == 0:  # as the student sampled them (before any update, with one minibatch)
                             token_kl[uid] = torch.where(mb.teacher, div.detach().float(), float("nan"))
-                        kl_parts["all"].append(div.detach()[mb.teacher])
+                        kl_parts["kl/all"].append(_sum_count(div.detach()[mb.teacher]))
                         for r in ROLES:
-                            kl_parts[r].append(div.detach()[roles[r][uid] & mb.teacher])
+                            kl_parts[f"kl/{r}"].append(_sum_count(div.detach()[roles[r][uid] & mb.teacher]))
                 loss = losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef)
                 vloss = None
                 if self.critic is not None:
-                    v = self.critic(mb, cfg.attn)
-                    vloss = losses.value_loss(v, values[uid], returns[uid], w)
-                if not torch.isfinite(loss) or (vloss is not None and not torch.isfinite(vloss)):
+                    v = self.critic_fwd(mb, cfg.attn)
+                    vloss = losses.value_loss(v, values[uid], returns[uid], w) * w_scale
+                if self._any_rank(not torch.isfinite(loss) or (vloss is not None and not torch.isfinite(vloss))):
                     skipped += 1
                     self.opt.zero_grad(set_to_none=True)
                     continue
                 self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), cfg.max_grad_norm)
+                (loss * world.size).backward()  # data-parallel gradients are averaged over ranks
+                gnorm = self._clip(self.student.parameters())
                 if not torch.isfinite(gnorm):
                     skipped += 1
                     self.opt.zero_grad(set_to_none=True)
@@ -614,41 +756,76 @@ class Trainer:
                 self.opt.step()
                 if vloss is not None:
                     self.critic_opt.zero_grad(set_to_none=True)
-                    (cfg.vf_coef * vloss).backward()
-                    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+                    (cfg.vf_coef * vloss * world.size).backward()
+                    self._clip(self.critic.parameters())
                     self.critic_opt.step()
-                    sums.setdefault("value_loss", []).append(vloss.item())
-                for k, v in {"loss": loss.item(), "pg_loss": pg.item(), "opd_loss": opd.item(),
-                             "entropy": entropy.item(), "grad_norm": float(gnorm), **pg_stats}.items():
+                step_stats = {"loss": loss.item(), "pg_loss": pg.item(), "opd_loss": opd.item(),
+                              "entropy": entropy.item(), "clip_frac": pg_stats["clip_frac"] * w_scale,
+                              "approx_kl": pg_stats["approx_kl"] * w_scale,
+                              **({"value_loss": vloss.item()} if vloss is not None else {})}
+                totals = distributed.all_sum(list(step_stats.values()), world)  # each rank's part of the global value
+                for k, v in {**dict(zip(step_stats, totals)), "grad_norm": float(gnorm)}.items():
                     sums.setdefault(k, []).append(v)
         if sums:  # at least one optimizer step happened
             self.sched.step()
         self.student.eval()
         out = {k: _mean(v) for k, v in sums.items()}
-        for r, parts in kl_parts.items():
-            cat = torch.cat(parts) if parts else torch.zeros(0)
-            out[f"kl/{r}"] = cat.mean().item() if len(cat) else float("nan")
+        out.update(distributed.weighted_stats(kl_parts, world))
         out["skipped_minibatches"] = skipped
         if skipped and not sums:
             out["loss"] = float("nan")
         return out, token_kl
 
-    def _save_samples(self, episodes: Sequence[Episode], batch: PackedBatch, token_kl: torch.Tensor) -> None:
+    def _minibatches(self, batch: PackedBatch) -> list[PackedBatch]:
+        """``--minibatches`` groups of rows. Under torchrun every rank makes the same number (its
+        rows in that many near-equal parts; fewer when a rank has fewer rows), since each
+        minibatch is one collective optimizer step."""
+        if not self.world.enabled:
+            return batch.micro_batches(max(1, math.ceil(batch.num_rows / self.cfg.minibatches)))
+        (m,) = distributed.all_min([min(self.cfg.minibatches, batch.num_rows)], self.world)
+        size, extra = divmod(batch.num_rows, int(m))
+        bounds = [i * size + min(i, extra) for i in range(int(m) + 1)]
+        return [batch.select_rows(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+    def _global_scales(self, w_sum: float, t_sum: float) -> tuple[float, float]:
+        """Factors turning this rank's masked means (over its trajectory weights / teacher tokens)
+        into its part of the means over every rank: 1 for one process."""
+        g_w, g_t = distributed.all_sum([w_sum, t_sum], self.world)
+        return (w_sum / g_w if g_w > 0 else 0.0), (t_sum / g_t if g_t > 0 else 0.0)
+
+    def _any_rank(self, flag: bool) -> bool:
+        """A flag raised on any rank (a non-finite loss skips the minibatch everywhere)."""
+        return bool(flag) if not self.world.enabled else distributed.all_max([float(bool(flag))], self.world)[0] > 0
+
+    def _clip(self, params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+        """Clip the gradient norm (of the whole gradient, also when it is sharded) to --max-grad-norm."""
+        if not self.world.enabled:
+            return torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        return distributed.clip_grad_norm(params, self.cfg.max_grad_norm, self.world)
+
+    def _save_samples(self, episodes: Sequence[Episode], own: Sequence[int], batch: PackedBatch,
+                      token_kl: torch.Tensor) -> None:
         """The step's first episodes, each invocation with ``meta["teacher_kl"]`` (one value per
-        response token; None where the teacher does not supervise) for the viewer's heatmap."""
+        response token; None where the teacher does not supervise) for the viewer's heatmap.
+        ``own`` maps the batch's episodes to ``episodes``; under torchrun rank 0 collects every
+        rank's values and writes the file."""
         n = self.cfg.sample_episodes
         if not n:
             return
+        kl: dict[tuple[int, int], list[float | None]] = {}
         if self.teacher is not None:
-            kl: dict[tuple[int, int], list[float | None]] = {}
             for (e, i, t), v in zip(batch.token_map.tolist(), token_kl.tolist()):
-                if e < n:
-                    kl.setdefault((e, i), [None] * len(episodes[e].invocations[i].response_ids))[t] = \
+                if own[e] < n:
+                    kl.setdefault((own[e], i), [None] * len(episodes[own[e]].invocations[i].response_ids))[t] = \
                         v if math.isfinite(v) else None
-            for (e, i), values in kl.items():
-                inv = episodes[e].invocations[i]
-                inv.meta["teacher_kl"] = values
-                inv.meta["teacher_mode"] = self.cfg.teacher_context
+            if self.world.enabled:
+                kl = {k: v for part in distributed.gather_objects(kl, self.world) for k, v in part.items()}
+        if not self.world.is_main:
+            return
+        for (e, i), values in kl.items():
+            inv = episodes[e].invocations[i]
+            inv.meta["teacher_kl"] = values
+            inv.meta["teacher_mode"] = self.cfg.teacher_context
         save_episodes(self.run_dir / "episodes" / f"step-{self.step + 1:06d}.jsonl", episodes[:n])
 
     # -- the loop ------------------------------------------------------------------------------
@@ -668,10 +845,11 @@ class Trainer:
 
     def _start(self) -> None:
         cfg = self.cfg
-        if self.fresh_student:
-            warm_start_student(self.student, self.tokenizer, cfg, self.log)
+        if self.fresh_student:  # on the whole weights; under torchrun rank 0's result goes to every rank
+            warm_start_student(self.twin, self.tokenizer, cfg, self.log)
+            distributed.publish_twin(self.twin, self.student, self.world)
         if cfg.ref_beta > 0:
-            self.ref = copy.deepcopy(self.student).requires_grad_(False)
+            self.ref = copy.deepcopy(self.twin).requires_grad_(False)
         if self.teacher is not None:
             self.history["eval_teacher"] = Roller(cfg, self.teacher, self.teacher_tok).evaluate()
             self.log(f"teacher held-out: F1 {self.history['eval_teacher']['f1']:.3f}  "
@@ -704,36 +882,68 @@ class Trainer:
                 self.bad_steps = 0
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                 metrics.update({f"eval/{k}": v for k, v in self.roller.evaluate().items()})
-            audit = self.audit(self.step, self.student, self.last_episodes) if self.audit is not None else None
+            audit = (self.audit(self.step, self.twin, self.last_episodes)
+                     if self.audit is not None and self.world.is_main else None)
             if audit is not None:
                 metrics["audit/max_abs_diff"] = audit.max_abs_diff
                 metrics["audit/passed"] = bool(audit.passed)
             self.log_row(metrics, save=self.bad_steps == 0 and self.step % cfg.save_every == 0)
             bar.update(1)
             bar.set_postfix(f1=f"{metrics['f1']:.3f}", kl=f"{metrics.get('kl/all', float('nan')):.3f}", refresh=False)
-            plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png", title=f"{cfg.env}  {self.run_dir.name}")
+            self._plot()
         bar.close()
         if "eval_after" not in self.history or self.history.get("eval_after_step") != self.step:
             self.history["eval_after"] = self.roller.evaluate()
             self.history["eval_after_step"] = self.step
             self.log_row({f"eval/{k}": v for k, v in self.history["eval_after"].items()}, save=True)
-        plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png", title=f"{cfg.env}  {self.run_dir.name}")
+        self._plot()
         self.logger.close()
-        self.export_final()
         before, after = self.history.get("eval_before", {}), self.history["eval_after"]
         self.log(f"held-out F1: before {before.get('f1', float('nan')):.3f} -> after {after['f1']:.3f}  "
                  f"(EM {before.get('em', float('nan')):.3f} -> {after['em']:.3f})")
         self.log(f"run directory: {self.run_dir}  (final model: {self.run_dir / RUN_MODEL_DIR})")
         summary = {"eval_before": before, "eval_after": after, "eval_teacher": self.history.get("eval_teacher"),
                    "steps": self.step}
-        cfgmod.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        if self.world.is_main:  # rank 0 alone writes files
+            self.export_final()
+            cfgmod.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        distributed.barrier(self.world)
         return summary
 
+    def _plot(self) -> None:
+        if self.world.is_main:
+            plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png",
+                        title=f"{self.cfg.env}  {self.run_dir.name}")
+
     def export_final(self) -> Path:
-        """The student as a standard transformers directory (weights + tokenizer), ``RUN_DIR/model``."""
+        """The student as a standard transformers directory (weights + tokenizer), ``RUN_DIR/model``
+        (under torchrun the whole weights, as the rollouts use them)."""
         from agents.models import save_pretrained
 
-        return save_pretrained(self.run_dir / RUN_MODEL_DIR, self.student, self.tokenizer)
+        return save_pretrained(self.run_dir / RUN_MODEL_DIR, self.twin, self.tokenizer)
+
+
+def _quiet(message: str) -> None:
+    """The log of ranks other than 0."""
+
+
+class _QuietLogger:
+    """The metrics logger of ranks other than 0: rows are made (for checkpoints) but not written."""
+
+    clean_row = RunLogger.clean_row
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def rewrite(self, rows: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _sum_count(x: torch.Tensor) -> tuple[float, float]:
+    return float(x.double().sum()), float(x.numel())
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -747,6 +957,81 @@ def _check_env(env_id: str) -> None:
         memgym.resolve_id(env_id)
     except memgym.UnknownEnvError as exc:
         raise cfgmod.ConfigError(str(exc)) from None
+
+
+def needs_oracle(cfg: TrainConfig) -> bool:
+    """Whether the run learns from oracle trajectories: the auto teacher, or the warm start of a
+    from-scratch tiny student."""
+    from agents.presets import TINY_PRESETS
+
+    warm = cfg.student_warmup_steps > 0 and cfg.model in TINY_PRESETS and not cfg.resume
+    return warm or (cfg.teacher == "auto" and cfg.opd_coef > 0)
+
+
+class OracleDataError(ValueError):
+    """The oracle trajectories of the env cannot teach what the run needs (the message says why)."""
+
+
+def check_env_settings(cfg: TrainConfig, tokenizer: Any, episodes: int = 4) -> None:
+    """Play a few episodes of each split of ``--env`` as the run will, before any model work.
+
+    The run counts ``chunk_size`` and ``memory_budget`` in the student's tokens, where a task's
+    defaults may be written for words or for another tokenizer; and the auto teacher and the warm
+    start learn from oracle trajectories, whose memory keeps whole supporting facts. A setting that
+    cannot work here is a :class:`ConfigError` naming the ``--env-kwarg`` value to pass."""
+    import gymnasium as gym
+
+    import memgym  # noqa: F401  (registers the envs)
+    from agents.oracle import OracleAgent
+    from agents.rollout import run_episode
+    from memgym.errors import MemgymError
+    from memgym.generators.hotpot import DatasetUnavailableError
+
+    oracle = needs_oracle(cfg)
+    for split in ("train", "test"):
+        try:
+            env = gym.make(cfg.env, split=split, **{**cfg.env_kwargs, "tokenizer": tokenizer})
+            agent = OracleAgent.for_env(env, tokenizer=tokenizer) if oracle else None
+            for seed in range(episodes):
+                if agent is not None:
+                    _check_facts_fit(env.unwrapped, run_episode(env, agent, seed=seed).sample_id, cfg)
+                else:
+                    _play_empty(env, seed)
+            env.close()
+        except DatasetUnavailableError as exc:
+            raise ConfigError(f"--env {cfg.env}: {exc}\nWith memopd.train, pass the files as --env-kwarg "
+                              "path=FILE_OR_DIR.") from None
+        except OracleDataError as exc:
+            raise ConfigError(str(exc)) from None
+        except (ValueError, TypeError, KeyError, MemgymError) as exc:
+            message = str(exc).split(" was raised from the environment creator")[0]  # not gymnasium's kwargs dump
+            if oracle and "supporting_facts" in message:
+                message += ("; the auto teacher and the student warm start learn from oracle trajectories: give "
+                            "the samples supporting facts as sentences, or pass --teacher SPEC and "
+                            "--student-warmup-steps 0")
+            raise ConfigError(f"--env {cfg.env} (split {split!r}, env options {cfg.env_kwargs or 'the task defaults'}, "
+                              f"sizes in the student's tokens): {message}") from None
+
+
+def _play_empty(env: Any, seed: int) -> None:
+    """Step one episode through with empty actions: every chunk of it is generated."""
+    _, info = env.reset(seed=seed)
+    while info["phase"] != "done":
+        _, _, _, _, info = env.step("")
+
+
+def _check_facts_fit(env: Any, sample_id: str, cfg: TrainConfig) -> None:
+    """The oracle keeps whole supporting facts: one longer than the memory budget leaves it nothing."""
+    from agents.oracle import supporting_texts
+
+    sample = env.source[env.source.index_of(sample_id)]
+    sizes = [env.counter.count(fact) for fact in supporting_texts(sample)]
+    if max(sizes) > env.memory_budget:
+        unit = env.counter.unit
+        raise OracleDataError(
+            f"--env {cfg.env}: memory_budget={env.memory_budget} {unit} cannot hold a supporting fact of "
+            f"{max(sizes)} {unit} (in the student's tokenizer), so the oracle trajectories that build the auto teacher "
+            f"and warm up the student keep no memory; pass --env-kwarg memory_budget={max(sizes)} or more")
 
 
 def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
@@ -785,10 +1070,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             Trainer(cfg, log=lambda m: print(m, file=sys.stderr, flush=True)).fit()
         except TrainingError as exc:
             return fail(str(exc), code=1)
+        finally:
+            distributed.shutdown()  # under torchrun: leave the process group cleanly
         return 0
 
     return run_main(_main, errors=(ConfigError, ModelLoadError, checkpoint.CheckpointError, LoggingSetupError,
-                                   ValueError))
+                                   distributed.DistributedError, ValueError))
 
 
 if __name__ == "__main__":

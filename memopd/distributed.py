@@ -1,0 +1,420 @@
+"""Several processes, one training run: ``torchrun --nproc-per-node N -m memopd.train ...``.
+
+What each rank does in a step (see :meth:`memopd.train.Trainer.train_step`):
+
+1. rolls out its share of the step's questions (:func:`question_share`: a question's group of
+   samples stays on one rank) with a full, unsharded copy of the student (the *rollout twin*,
+   refreshed from the sharded student after every update, so every rank samples from the same
+   ``policy_version``);
+2. exchanges the episodes (:func:`gather_objects`: token ids and rewards, small next to the
+   models), so every rank sees the whole batch: rewards, group-relative advantages and episode
+   metrics are those of one process;
+3. takes a share of whole episodes balanced by real tokens (:func:`assign_episodes`), packs and
+   scores only those, and computes the loss with *global* normalisers (:func:`all_sum` of the
+   local weight and token counts), scaled so that the data-parallel gradient average is the
+   gradient of the one global loss: N ranks make the update one process makes on the same batch.
+
+Only rank 0 logs, draws progress bars and writes files; every rank takes part in the
+collectives that gather weights for a checkpoint. The process group comes from torchrun's
+environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/rendezvous): gloo on CPU,
+nccl on CUDA, with a timeout on every collective so that a dead rank ends the job instead of
+hanging it. Without torchrun (``WORLD_SIZE`` unset or 1) nothing here changes the trainer.
+
+Sharding: :func:`wrap` applies FSDP2 (``fully_shard`` on each decoder layer, then on the root;
+bf16 compute with fp32 gradient reduction on CUDA) or DDP. Packed scoring runs the decoder stack
+and then the output head outside the model's own ``forward``, so the student is wrapped in
+:class:`PackedStates`, whose ``forward`` is the packed decoder pass: the FSDP2 root hooks (and
+DDP's) run around it, and the root's parameters (embeddings, final norm, the tied output head)
+stay gathered from its forward until the end of the backward, where the head is used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+PARALLEL_MODES = ("fsdp", "ddp")
+
+
+class DistributedError(RuntimeError):
+    """A multi-process run cannot go on as set up; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the run: rank ``rank`` of ``size`` (``local_rank`` on its node)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+SINGLE = World()
+
+
+def launched_size() -> int:
+    """The world size torchrun (or srun with the same variables) asked for; 1 without it."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def setup(device: str, timeout_s: float) -> World:
+    """Join the process group torchrun described in the environment (nothing for one process).
+
+    gloo on CPU, nccl on CUDA; ``timeout_s`` bounds every collective, so a killed rank ends the
+    others with an error instead of a hang."""
+    if launched_size() <= 1:
+        return SINGLE
+    if not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(world.local_rank)
+    return world
+
+
+def rank_device(world: World, device: str) -> str:
+    """Each rank's own accelerator: ``cuda`` -> ``cuda:<local rank>``; other devices as given."""
+    return f"cuda:{world.local_rank}" if world.enabled and device == "cuda" else device
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_batch(world: World, questions_per_step: int, group_size: int) -> None:
+    """Every rank needs at least one episode a step (it must take part in every update)."""
+    if world.enabled and questions_per_step * group_size < world.size:
+        raise DistributedError(
+            f"{questions_per_step} questions x {group_size} samples = {questions_per_step * group_size} episodes "
+            f"a step cannot feed {world.size} ranks; raise --questions-per-step to at least "
+            f"{math.ceil(world.size / group_size)} (ideally a multiple of {world.size})")
+
+
+# ------------------------------------------------------------------------------------------------
+# Collectives on plain numbers and objects
+# ------------------------------------------------------------------------------------------------
+
+def _reduce(values: Sequence[float], op: Any, world: World) -> list[float]:
+    if not world.enabled:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=op)
+    return t.cpu().tolist()
+
+
+def all_sum(values: Sequence[float], world: World) -> list[float]:
+    """Element-wise sum over ranks (float64)."""
+    return _reduce(values, dist.ReduceOp.SUM, world)
+
+
+def all_max(values: Sequence[float], world: World) -> list[float]:
+    return _reduce(values, dist.ReduceOp.MAX, world)
+
+
+def all_min(values: Sequence[float], world: World) -> list[float]:
+    return _reduce(values, dist.ReduceOp.MIN, world)
+
+
+def all_sum_tensor(t: torch.Tensor, world: World) -> torch.Tensor:
+    """A tensor summed over ranks (a new tensor; the input is left as it is)."""
+    if not world.enabled:
+        return t.clone()
+    out = t.detach().clone()
+    dist.all_reduce(out.cuda() if dist.get_backend() == "nccl" else out)
+    return out
+
+
+def gather_objects(obj: Any, world: World) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if not world.enabled:
+        return [obj]
+    out: list[Any] = [None] * world.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(world: World) -> None:
+    if world.enabled:
+        dist.barrier()
+
+
+# ------------------------------------------------------------------------------------------------
+# Who does what
+# ------------------------------------------------------------------------------------------------
+
+def question_share(num_questions: int, world: World) -> tuple[int, int]:
+    """(first question, how many) of this rank's contiguous share of a step's questions; shares
+    differ by at most one question."""
+    base, extra = divmod(num_questions, world.size)
+    first = world.rank * base + min(world.rank, extra)
+    return first, base + (1 if world.rank < extra else 0)
+
+
+def assign_episodes(token_counts: Sequence[int], world_size: int) -> list[list[int]]:
+    """Whole episodes to ranks, balanced by real tokens: largest first to the least loaded rank
+    (ties to the lower rank). Deterministic, so every rank computes the same assignment. Each
+    rank's list is in episode order."""
+    if len(token_counts) < world_size:
+        raise DistributedError(f"{len(token_counts)} episodes cannot be shared by {world_size} ranks")
+    loads = [0] * world_size
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    # the first world_size episodes land one on each rank (empty ranks have the smallest load)
+    for i in sorted(range(len(token_counts)), key=lambda i: (-token_counts[i], i)):
+        r = min(range(world_size), key=lambda r: (loads[r], len(shares[r]), r))
+        shares[r].append(i)
+        loads[r] += token_counts[i]
+    return [sorted(s) for s in shares]
+
+
+def episode_tokens(episode: Any) -> int:
+    """Real tokens an episode's invocations put into packed rows (prompt + response each)."""
+    return sum(len(inv.prompt_ids) + len(inv.response_ids) for inv in episode.invocations)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sharding
+# ------------------------------------------------------------------------------------------------
+
+class PackedStates(torch.nn.Module):
+    """The packed decoder pass of a causal LM as one module call: ``forward(batch, lowering)`` is
+    :func:`memopd.attention.packed_hidden_states` of ``lm``. Wrapping this module (not the LM)
+    makes FSDP2's root hooks and DDP's gradient sync run around the pass the trainer makes."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, batch: Any, lowering: str | None = None) -> torch.Tensor:
+        from memopd.attention import packed_hidden_states
+
+        return packed_hidden_states(self.lm, batch, lowering)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder blocks of a causal LM (its base model's ``layers``), FSDP2's sharding units."""
+    from memopd.attention import base_model
+
+    layers = getattr(base_model(model), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise DistributedError(f"{type(model).__name__}: no decoder layer list (base_model.layers) to shard; "
+                               "use --parallel ddp")
+    return list(layers)
+
+
+def wrap(module: torch.nn.Module, layers: Iterable[torch.nn.Module], mode: str, device: str,
+         world: World) -> torch.nn.Module:
+    """``module`` made data-parallel over the world; returns what to call for its forward.
+
+    fsdp: ``fully_shard`` on each of ``layers``, then on ``module`` (the root), in place: the
+    module's parameters become shards (DTensors) and the returned module is ``module`` itself.
+    On CUDA the compute is bf16 and gradients are reduced in fp32. ddp: a
+    ``DistributedDataParallel`` around ``module`` (parameters stay whole)."""
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [torch.device(device).index] if device.startswith("cuda") else None
+        return DistributedDataParallel(module, device_ids=ids)
+    if mode != "fsdp":
+        raise DistributedError(f"unknown --parallel {mode!r}; choose one of {PARALLEL_MODES}")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kind = torch.device(device).type
+    mesh = init_device_mesh(kind, (world.size,))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if kind == "cuda" else MixedPrecisionPolicy())
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)
+    return module
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def clip_grad_norm(params: Iterable[torch.nn.Parameter], max_norm: float, world: World) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` over sharded or whole gradients: the norm of the full
+    gradient (squares of the local shards summed over ranks), and every gradient scaled by
+    ``min(1, max_norm / (norm + 1e-6))`` as torch does."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    sq = torch.stack([_local(g).detach().float().pow(2).sum() for g in grads]).sum()
+    if world.enabled and any(_is_dtensor(g) for g in grads):
+        sq = all_sum_tensor(sq, world).to(sq.device)
+    total = sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        _local(g).mul_(coef.to(_local(g).device, _local(g).dtype))
+    return total
+
+
+# ------------------------------------------------------------------------------------------------
+# Full weights from shards and back (rollout twin, checkpoints)
+# ------------------------------------------------------------------------------------------------
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's state with every shard gathered: plain CPU tensors, on every rank (a
+    collective: every rank must call it, in the same order)."""
+    out = {}
+    for k, v in module.state_dict().items():
+        full = v.full_tensor() if _is_dtensor(v) else v
+        out[k] = full.detach().to("cpu", copy=True)
+    return out
+
+
+def load_full_state_dict(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
+                         strict: bool = True) -> tuple[list[str], list[str]]:
+    """Copy whole tensors into ``module``, each rank keeping its own shard of a sharded parameter
+    (FSDP2 shards dim 0 as ``torch.chunk`` does). No communication. Returns (missing,
+    unexpected) keys like ``load_state_dict(strict=False)``."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if strict and (missing or unexpected):
+        raise DistributedError(f"state does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    with torch.no_grad():
+        for k, dst in own.items():
+            if k in state:
+                _copy_into(dst, state[k], k)
+    return missing, unexpected
+
+
+def _copy_into(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
+    if tuple(dst.shape) != tuple(full.shape):
+        raise RuntimeError(f"Error(s) in loading state_dict:\n\tsize mismatch for {name}: copying a param with "
+                           f"shape {tuple(full.shape)}, the model's is {tuple(dst.shape)}")
+    local = _local(dst)
+    if _is_dtensor(dst):
+        mesh = dst.device_mesh
+        chunks = torch.chunk(full, mesh.size(), dim=0)
+        rank = mesh.get_local_rank()
+        full = chunks[rank] if rank < len(chunks) else full[:0]
+    local.copy_(full.to(local.device, local.dtype))
+
+
+class FullState:
+    """A sharded module seen whole by :mod:`memopd.checkpoint`: ``state_dict()`` returns the
+    gathered state taken when this object was made (gathered by every rank beforehand, so that
+    only rank 0 writes), ``load_state_dict`` keeps each rank's shard of whole tensors."""
+
+    def __init__(self, module: torch.nn.Module, gather: bool = False):
+        self.module = module
+        self._full = full_state_dict(module) if gather else None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        if self._full is None:
+            raise DistributedError("FullState made without gather=True has no gathered state to save")
+        return self._full
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True):
+        return load_full_state_dict(self.module, state, strict=strict)
+
+
+def full_optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's ``state_dict()`` with sharded state gathered: the same layout one process
+    writes (parameters by index in the optimizer's order), so checkpoints move across world sizes."""
+    sd = opt.state_dict()
+    state = {i: {k: (v.full_tensor() if _is_dtensor(v) else v).detach().to("cpu", copy=True)
+                 if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for i, s in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def load_full_optimizer_state(opt: torch.optim.Optimizer, sd: Mapping[str, Any]) -> None:
+    """Load a whole-tensor optimizer state (as :func:`full_optimizer_state` or one process writes
+    it), each rank keeping the shard of its parameters."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state = {}
+    for i, s in sd["state"].items():
+        p = params[int(i)]
+        state[i] = {k: _shard_like(p, v) if isinstance(v, torch.Tensor) and v.shape == p.shape else v
+                    for k, v in s.items()}
+    opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
+
+
+def _shard_like(param: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    if not _is_dtensor(param):
+        return full
+    from torch.distributed.tensor import DTensor
+
+    local = torch.empty_like(param.to_local())
+    chunks = torch.chunk(full, param.device_mesh.size(), dim=0)
+    rank = param.device_mesh.get_local_rank()
+    local.copy_((chunks[rank] if rank < len(chunks) else full[:0]).to(local.device, local.dtype))
+    return DTensor.from_local(local, param.device_mesh, param.placements, shape=param.shape,
+                              stride=param.stride())
+
+
+def sync_twin(sharded: torch.nn.Module, twin: torch.nn.Module) -> None:
+    """Refresh the rollout twin (a whole copy of the student) from the sharded student. For DDP
+    the twin *is* the student's module and nothing is copied."""
+    if sharded is twin:
+        return
+    load_full_state_dict(twin, full_state_dict(sharded))
+
+
+def publish_twin(twin: torch.nn.Module, sharded: torch.nn.Module, world: World) -> None:
+    """After the twin was changed in place on every rank (the warm start): rank 0's weights go to
+    every rank's twin and into the (sharded) student, so all ranks hold one model."""
+    if not world.enabled:
+        return
+    with torch.no_grad():
+        for t in twin.state_dict().values():
+            dist.broadcast(t, src=0)
+    if sharded is not twin:
+        load_full_state_dict(sharded, twin.state_dict())
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics
+# ------------------------------------------------------------------------------------------------
+
+def weighted_stats(parts: dict[str, list[tuple[float, float]]], world: World) -> dict[str, float]:
+    """Means over ranks and minibatches: ``parts[name]`` lists (sum, count) pairs of this rank;
+    the result is sum over all ranks / count over all ranks (NaN where nothing was counted)."""
+    names = sorted(parts)
+    flat = [x for n in names for x in (sum(s for s, _ in parts[n]), sum(c for _, c in parts[n]))]
+    totals = all_sum(flat, world)
+    out = {}
+    for j, n in enumerate(names):
+        s, c = totals[2 * j], totals[2 * j + 1]
+        out[n] = s / c if c > 0 else float("nan")
+    return out
+
+
+def main_only(world: World, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0 only (files, logs); ``None`` elsewhere."""
+    return fn() if world.is_main else None
+
+
+__all__ = ["PARALLEL_MODES", "DistributedError", "FullState", "PackedStates", "SINGLE", "World", "all_max",
+           "all_min", "all_sum", "all_sum_tensor", "assign_episodes", "barrier", "check_batch", "clip_grad_norm",
+           "decoder_layers", "episode_tokens", "full_optimizer_state", "full_state_dict", "gather_objects",
+           "launched_size", "load_full_optimizer_state", "load_full_state_dict", "question_share", "rank_device",
+           "setup", "shutdown", "sync_twin", "weighted_stats", "wrap"]

@@ -1,0 +1,265 @@
+"""Training with several processes (CPU, gloo, 2 ranks, tiny presets): the loss is global, so two
+ranks on a batch make the update one process makes on it (FSDP2 and DDP); a torchrun run writes
+one run directory from rank 0; checkpoints resume at the same and at another world size; a rank
+killed mid-run ends the job, and ``--resume`` continues it.
+
+The 2-rank tests need both cores of a small machine and take 20-60 s each: they are marked slow.
+"""
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from memopd import checkpoint, distributed, train
+from memopd.runlog import read_metrics
+
+FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size",
+        "2", "--max-new-tokens", "12", "--eval-episodes", "2", "--eval-every", "0", "--student-warmup-steps", "0",
+        "--teacher", "tiny-teacher", "--no-progress", "--pack-tokens", "1024", "--threads", "1"]
+EQUIV = ["--ppo-epochs", "1", "--entropy-coef", "0.01", "--sample-episodes", "4"]
+ARMS = {"fsdp-grpo": ["--parallel", "fsdp"], "ddp-grpo": ["--parallel", "ddp"],
+        "fsdp-gae": ["--parallel", "fsdp", "--advantage", "gae", "--ref-beta", "0.1"]}
+LAYOUT = {"tokens_per_s", "rollout_s", "step_s", "packing_efficiency"}  # timing and row layout differ
+
+
+# ------------------------------------------------------------------------------------------------
+# unit: shares and balance
+# ------------------------------------------------------------------------------------------------
+
+def test_question_shares_cover_the_step_once():
+    for n, size in [(8, 2), (7, 3), (2, 2), (5, 1)]:
+        shares = [distributed.question_share(n, distributed.World(r, size)) for r in range(size)]
+        assert [f for f, _ in shares] == [sum(c for _, c in shares[:r]) for r in range(size)]
+        assert sum(c for _, c in shares) == n and max(c for _, c in shares) - min(c for _, c in shares) <= 1
+
+
+def test_episodes_are_balanced_by_tokens_and_every_rank_gets_one():
+    shares = distributed.assign_episodes([100, 10, 10, 10, 90, 5], 2)
+    assert sorted(i for s in shares for i in s) == list(range(6))
+    loads = [sum([100, 10, 10, 10, 90, 5][i] for i in s) for s in shares]
+    assert abs(loads[0] - loads[1]) <= 10
+    assert all(distributed.assign_episodes([1, 1, 50], 3))
+    with pytest.raises(distributed.DistributedError):
+        distributed.assign_episodes([1], 2)
+
+
+def test_a_batch_smaller_than_the_world_is_refused():
+    with pytest.raises(distributed.DistributedError, match="questions-per-step"):
+        distributed.check_batch(distributed.World(0, 4), 1, 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# equivalence: 2 ranks == 1 process on identical episodes
+# ------------------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _trainer(run_dir: Path, extra: list[str]) -> train.Trainer:
+    cfg = train.cfgmod.parse_args(train.TrainConfig, FAST + EQUIV + ["--run-dir", str(run_dir)] + extra, "t", "")
+    return train.Trainer(train.prepare(cfg), log=lambda m: None)
+
+
+def _snapshot(trainer: train.Trainer, metrics: dict) -> dict:
+    """Whole weights and gradients of the student (gathered from shards) and the step's metrics."""
+    grads = {}
+    for name, p in trainer.student.named_parameters():
+        g = p.grad
+        if g is not None and distributed._is_dtensor(g):
+            g = g.full_tensor()
+        grads[name] = None if g is None else g.detach().clone()
+    return {"weights": distributed.full_state_dict(trainer.student), "grads": grads, "metrics": metrics}
+
+
+def _episodes(path: Path):
+    from agents.records import load_episodes
+
+    return load_episodes(path, strict=True).episodes
+
+
+def _rank_main(rank: int, world: int, port: int, tmp: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    tmp_path = Path(tmp)
+    try:
+        for arm, extra in ARMS.items():
+            trainer = _trainer(tmp_path / f"run-{arm}", extra)
+            if "--ref-beta" in extra:  # fit() makes it; learn() alone does not
+                trainer.ref = copy.deepcopy(trainer.twin).requires_grad_(False)
+            metrics = trainer.learn(_episodes(tmp_path / "episodes.jsonl"))
+            snap = _snapshot(trainer, metrics)
+            if rank == 0:
+                torch.save(snap, tmp_path / f"{arm}.pt")
+    finally:
+        distributed.shutdown()
+
+
+@pytest.fixture(scope="module")
+def equivalence(tmp_path_factory):
+    """One process's update on a step's episodes (rewards set to differ, so PPO has a signal),
+    then the same episodes through 2 spawned ranks, per arm."""
+    from agents.records import save_episodes
+
+    tmp = tmp_path_factory.mktemp("equiv")
+    ref_trainer = _trainer(tmp / "ref-episodes", [])
+    episodes = ref_trainer.rollout()
+    for e, f1 in zip(episodes, [0.0, 1.0, 0.5, 0.25]):
+        e.metrics["f1"] = f1
+    save_episodes(tmp / "episodes.jsonl", episodes)
+    single = {}
+    for arm, extra in ARMS.items():
+        trainer = _trainer(tmp / f"single-{arm}", extra)  # --parallel means nothing to one process
+        if "--ref-beta" in extra:
+            trainer.ref = copy.deepcopy(trainer.twin).requires_grad_(False)
+        metrics = trainer.learn(_episodes(tmp / "episodes.jsonl"))
+        single[arm] = _snapshot(trainer, metrics)
+    torch.multiprocessing.spawn(_rank_main, args=(2, _free_port(), str(tmp)), nprocs=2, join=True)
+    return single, {arm: torch.load(tmp / f"{arm}.pt", weights_only=False) for arm in ARMS}, tmp
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a if a[k] is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_two_ranks_make_the_one_process_update(equivalence, arm):
+    single, ranks, _ = equivalence
+    one, two = single[arm], ranks[arm]
+    assert _max_diff(one["grads"], two["grads"]) < 1e-5
+    # Adam's first step moves a weight by lr * g / (|g| + eps): where the gradient is itself at float
+    # noise (|g| ~ 1e-8) that ratio is noise too, so weights are compared where the gradient is real,
+    # and bounded by a fraction of the learning rate elsewhere (measured: <= 3e-8 and <= 8e-5, lr 2e-3)
+    for k, w1 in one["weights"].items():
+        g, d = one["grads"].get(k), (w1 - two["weights"][k]).abs()
+        if g is not None:
+            assert float(torch.where(g.abs() > 1e-6, d, 0.0).max()) < 1e-5, k
+        assert float(d.max()) < 0.1 * train.TINY_LR, k
+    assert max(float(g.abs().max()) for g in one["grads"].values() if g is not None) > 1e-3  # a real update
+    m1, m2 = one["metrics"], two["metrics"]
+    assert m1.keys() == m2.keys()
+    for k in m1.keys() - LAYOUT:
+        a, b = m1[k], m2[k]
+        if isinstance(a, float) and a != a:
+            assert b != b, k
+        else:
+            # rows differ (other packing per rank), so sums run in another order: float32 noise
+            assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), (k, a, b)
+    assert m1["pg_loss"] != 0.0 and m1["opd_loss"] > 0 and m1["entropy"] > 0  # every term counted
+
+
+@pytest.mark.slow
+def test_two_ranks_write_the_sample_episodes_with_teacher_kl_once(equivalence):
+    _, _, tmp = equivalence
+    run = tmp / "run-fsdp-grpo"
+    lines = (run / "episodes" / "step-000001.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    kls = [inv["meta"].get("teacher_kl") for line in lines for inv in json.loads(line)["invocations"]]
+    assert all(kl is not None and len(kl) > 0 for kl in kls)  # every rank's episodes got their values
+
+
+# ------------------------------------------------------------------------------------------------
+# torchrun: a run, kill and resume, another world size
+# ------------------------------------------------------------------------------------------------
+
+def _torchrun(n: int, args: list[str], **kw) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
+           str(_free_port()), "-m", "memopd.train", *FAST, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _train_rows(run: Path) -> list[dict]:
+    return [r for r in read_metrics(run) if "loss" in r]
+
+
+def _same(a: list[dict], b: list[dict], tol: float = 1e-6) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for x, y in zip(a, b):
+        for k in x.keys() - LAYOUT - {"tokens_per_s"}:
+            if isinstance(x[k], float):
+                assert abs(x[k] - y[k]) <= tol * max(1.0, abs(x[k])), (x["step"], k, x[k], y[k])
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("torchrun") / "run"
+    p = _torchrun(2, ["--steps", "3", "--save-every", "1", "--audit-every", "3", "--run-dir", str(run)])
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-3000:]
+    return run, out
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_train_and_rank_zero_alone_writes(two_rank_run):
+    run, out = two_rank_run
+    rows = _train_rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["kl/all"] > 0 and r["action_tokens"] > 0 for r in rows)
+    assert rows[-1]["audit/passed"] is True
+    assert out.count("held-out before training") == 1  # one log, from rank 0
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.toml", "curves.png", "episodes",
+                                                     "metrics.jsonl", "model", "summary.json"]
+    assert [p.name for p in checkpoint.list_checkpoints(run)] == ["step-000003", "step-000002"]
+    assert (run / "model" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_resume_at_another_world_size_in_both_directions(two_rank_run, tmp_path):
+    """Checkpoints hold whole weights and optimizer state: 2 ranks -> 1 process and 1 -> 2."""
+    import shutil
+
+    run, _ = two_rank_run
+    # 2 -> 1: copy the run back to its step-2 checkpoint and continue alone
+    one = tmp_path / "one"
+    shutil.copytree(run, one)
+    shutil.rmtree(one / "checkpoints" / "step-000003")
+    (one / "checkpoints" / "latest").write_text("step-000002")
+    cfg = train.prepare(train.cfgmod.parse_args(train.TrainConfig, ["--resume", str(one), "--no-progress"], "t", ""),
+                        {"progress"})
+    train.Trainer(cfg, log=lambda m: None).fit()
+    rows = _train_rows(one)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[2]["loss"] == pytest.approx(_train_rows(run)[2]["loss"], abs=1e-3)  # rollouts differ per layout
+    # 1 -> 2: the one-process run resumed by 2 ranks for one more step
+    p = _torchrun(2, ["--resume", str(one), "--steps", "4"])
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-3000:]
+    assert [r["step"] for r in _train_rows(one)] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_job_and_resume_continues(tmp_path):
+    run = tmp_path / "run"
+    p = _torchrun(2, ["--steps", "6", "--save-every", "1", "--dist-timeout", "60", "--run-dir", str(run)],
+                  start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(checkpoint.list_checkpoints(run)) < 2:
+        time.sleep(0.5)
+    assert checkpoint.list_checkpoints(run), "no checkpoint before the kill"
+    workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    os.kill(int(workers[1]), signal.SIGKILL)  # one rank dies mid-run
+    start = time.time()
+    out, _ = p.communicate(timeout=180)
+    assert p.returncode != 0 and time.time() - start < 120, out[-2000:]  # the job ends, no hang
+    done = _train_rows(run)[-1]["step"] if _train_rows(run) else 0
+    assert done < 6
+    p = _torchrun(2, ["--resume", str(run)])
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-3000:]
+    assert [r["step"] for r in _train_rows(run)] == [1, 2, 3, 4, 5, 6]
