@@ -8,13 +8,16 @@ from agents.backends.base import (
     default_stop_ids,
 )
 
-__all__ = ["Backend", "GenerationRequest", "SamplingParams", "FINISH_REASONS", "default_stop_ids", "HFBackend"]
+__all__ = ["Backend", "GenerationRequest", "SamplingParams", "FINISH_REASONS", "default_stop_ids", "HFBackend",
+           "VLLMBackend"]
+
+_LAZY = {"HFBackend": "agents.backends.hf", "VLLMBackend": "agents.backends.vllm"}
 
 
 def __getattr__(name: str):
-    # HFBackend imports torch; load it lazily so the interface stays importable on its own.
-    if name == "HFBackend":
-        from agents.backends.hf import HFBackend
+    # backends import torch / vllm; load them lazily so the interface stays importable on its own
+    if name in _LAZY:
+        import importlib
 
-        return HFBackend
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'agents.backends' has no attribute {name!r}")
