@@ -90,12 +90,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="extra gymnasium.make kwarg (repeatable); VALUE is parsed as a Python literal when it "
                         "is one (8, 0.5, True, None), else kept as a string")
     p.add_argument("--device", default="cpu", help="torch device of the model")
+    add_backend_args(p)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
     p.add_argument("--out", default=None,
                    help="output directory (default: runs/eval/<env>-<agent>-<timestamp>)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="progress bar (default: --progress)")
     return p.parse_args(argv)
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """--backend and the engine options of vllm / openai (README "Backends")."""
+    from agents.backends.factory import BACKENDS
+
+    p.add_argument("--backend", default="hf", choices=BACKENDS,
+                   help="what samples the model: hf (transformers, here), vllm (a vLLM engine, here), openai (a "
+                        "model served by an OpenAI-compatible server at --base-url; --model names its tokenizer)")
+    p.add_argument("--dtype", default="auto", help="vllm: engine dtype (auto, float32, bfloat16, float16)")
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm: most positions per sequence")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: fraction of GPU memory")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs one engine shards over")
+    p.add_argument("--kv-cache-gib", type=float, default=None, help="vllm: KV cache GiB (default 1 on CPU)")
+    p.add_argument("--base-url", default=None, help="openai: server base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--served-model", default=None, help="openai: served model name (default: the server's first)")
+
+
+def engine_options(args: argparse.Namespace) -> Any:
+    from agents.backends.factory import EngineOptions
+
+    return EngineOptions(dtype=args.dtype, max_model_len=args.max_model_len,
+                         gpu_memory_utilization=args.gpu_memory_utilization,
+                         tensor_parallel_size=args.tensor_parallel_size, kv_cache_gib=args.kv_cache_gib,
+                         base_url=args.base_url, served_model=args.served_model)
 
 
 def _env_ids() -> list[str]:
@@ -168,13 +194,24 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
         return envs, agent, args.model or "-"
 
     from agents.backends.base import SamplingParams
-    from agents.backends.hf import HFBackend
-    from agents.models import load
+    from agents.backends.factory import BackendOptionError, make_backend
+    from agents.backends.vllm import VLLMUnsupportedError
+    from agents.models import load, load_tokenizer
 
+    if args.backend != "hf" and args.top_p < 1.0:
+        raise CLIError(f"--backend {args.backend} records untruncated log-probs only with --top-p 1.0 (the engine "
+                       "returns the truncated distribution's); use --backend hf for nucleus sampling")
     set_threads(args.threads)
-    model, tokenizer = _guard_model(args.model, lambda: load(args.model, device=args.device))
-    backend = HFBackend(model, tokenizer, device=args.device, max_batch_size=args.batch_size, seed=args.seed,
-                        name=f"hf:{args.model}")
+    if args.backend == "openai":  # the server holds the weights: the tokenizer is all we load
+        model, tokenizer = None, _guard_model(args.model, lambda: load_tokenizer(args.model))
+    else:
+        model, tokenizer = _guard_model(args.model, lambda: load(args.model, device=args.device))
+    try:
+        backend = make_backend(args.backend, model=model, tokenizer=tokenizer, options=engine_options(args),
+                               device=args.device, seed=args.seed, max_batch_size=args.batch_size,
+                               name=f"hf:{args.model}")
+    except (BackendOptionError, VLLMUnsupportedError) as exc:
+        raise CLIError(f"--backend {args.backend}: {exc}") from None
     greedy = args.temperature <= 0
     sampling = SamplingParams(temperature=1.0 if greedy else args.temperature, top_p=args.top_p, greedy=greedy,
                               max_new_tokens=args.max_new_tokens)

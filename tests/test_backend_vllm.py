@@ -146,3 +146,26 @@ def test_weight_sync_in_place(tiny_engine):
     finally:
         backend.load_weights(model)  # the module's engine serves the original weights again
     assert gap(model, backend.generate(reqs, sp), 1.0) <= FP32_TOL
+
+
+def test_eval_with_vllm_gives_records_that_pass_the_audits(cache, tmp_path, monkeypatch):
+    """memopd.eval --backend vllm: its episodes pass the RCE audit and the recorded-vs-rescored
+    state alignment against the transformers model that vLLM served."""
+    from agents import models
+    from agents.records import load_episodes
+    from memopd.alignment import state_alignment
+    from memopd.audit import rce_audit
+    from memopd.eval import evaluate
+
+    monkeypatch.setenv("MEMOPD_CACHE", str(cache))
+    out = tmp_path / "eval"
+    summary = evaluate(["--agent", "memagent", "--model", "tiny", "--backend", "vllm", "--dtype", "float32",
+                        "--max-model-len", "512", "--episodes", "2", "--batch-size", "2", "--max-new-tokens", "24",
+                        "--out", str(out), "--no-progress"])
+    assert summary["episodes"] == 2
+    episodes = load_episodes(out / "episodes.jsonl", strict=True).episodes
+    assert sum(len(e.invocations) for e in episodes) >= 4
+    model, _ = models.load("tiny", cache_dir=cache)
+    assert all(r.passed for r in rce_audit(model, episodes).values())
+    report = state_alignment(model, episodes, modes=("aligned",), tolerance=FP32_TOL)
+    assert report.aligned_ok, report.table()
