@@ -27,22 +27,38 @@ def masked_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 def ppo_policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
-                    weights: torch.Tensor, clip_eps: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate: mean_w( -min(r*A, clip(r, 1-eps, 1+eps)*A) ), r = exp(logp - logp_old).
+                    weights: torch.Tensor, clip_eps: float = 0.2,
+                    is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate: mean_w( -c * min(r*A, clip(r, 1-eps, 1+eps)*A) ), r = exp(logp - logp_old).
 
-    All inputs [N]. Returns the loss and stats (clip fraction, approx KL old->new).
+    All inputs [N]. ``is_weights`` (c, default 1): per-token importance weights correcting for
+    tokens sampled by another engine than the one ``logp_old`` comes from (see
+    :func:`truncated_is_weights`); they scale each token's term, not the normaliser.
+    Returns the loss and stats (clip fraction, approx KL old->new).
     """
     log_ratio = logp - logp_old
     ratio = torch.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    loss = masked_mean(-torch.minimum(unclipped, clipped), weights)
+    term = -torch.minimum(unclipped, clipped)
+    loss = masked_mean(term if is_weights is None else term * is_weights, weights)
     with torch.no_grad():
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), weights)
         # k3 estimator of KL(old || new) from samples of old: (r - 1) - log r, r = p_new / p_old;
         # non-negative and unbiased (Schulman, "Approximating KL divergence")
         approx_kl = masked_mean((ratio - 1.0) - log_ratio, weights)
     return loss, {"clip_frac": clipfrac.item(), "approx_kl": approx_kl.item()}
+
+
+def truncated_is_weights(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(pi_trainer(a) / pi_rollout(a), cap) per token [N], no gradient.
+
+    The rollout engine (vLLM: other kernels, other dtype) samples from a slightly different
+    distribution than the trainer's forward of the same weights. With the old log-probs
+    recomputed by the trainer, PPO's ratio is against the trainer's policy; this weight corrects
+    for the tokens having come from the engine's. Truncation at ``cap`` bounds the variance a
+    rare large mismatch would add ("truncated importance sampling", as verl / slime do)."""
+    return torch.exp(trainer_logp.detach() - rollout_logp.detach()).clamp(max=cap)
 
 
 def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Tensor,

@@ -98,6 +98,25 @@ class TrainConfig(TrainingOptions):
                               range=(1, None))
     temperature: float = field(1.0, help="sampling temperature of rollouts", range=(1e-3, 10.0))
     max_new_tokens: int = field(48, help="most tokens sampled per call", range=(1, None))
+    backend: str = field("hf", help="what samples rollouts: hf (transformers, shares the student's weights) or vllm "
+                                    "(a vLLM engine in this process; the student's weights are pushed into it in "
+                                    "memory before every rollout). openai is eval-only (no weight-sync path)",
+                         choices=("hf", "vllm", "openai"))
+    vllm_dtype: str = field("auto", help="vllm: engine dtype (auto, float32, bfloat16, float16)")
+    max_model_len: int | None = field(None, help="vllm: most positions per sequence (prompt + response)",
+                                      range=(16, None))
+    gpu_memory_utilization: float = field(0.5, help="vllm: fraction of GPU memory the engine takes (the trainer "
+                                                    "shares the GPU)", range=(0.01, 1.0))
+    tensor_parallel_size: int = field(1, help="vllm: GPUs one engine shards over", range=(1, None))
+    kv_cache_gib: float | None = field(None, help="vllm: KV cache GiB (default 1 on CPU, vLLM's sizing on GPU)",
+                                       range=(0.01, None))
+    vllm_sleep: bool = field(False, help="vllm, GPU: the engine frees its GPU memory while the trainer updates")
+    old_logprobs: str = field("recorded", help="PPO's old log-probs: recorded (the rollout engine's) or recompute "
+                                               "(the trainer's own forward before the update; the rollout/trainer "
+                                               "mismatch is then corrected by a truncated importance weight)",
+                              choices=("recorded", "recompute"))
+    tis_cap: float = field(2.0, help="with --old-logprobs recompute: cap of the importance weight pi_trainer / "
+                                     "pi_rollout per token (0 = no correction)", range=(0.0, None))
     # objective
     reward: str = field("f1", help="task reward; 'none' = OPD only", choices=("f1", "em", "sub_em", "none"))
     advantage: str = field("grpo", help="advantage estimator: group-relative (grpo) or GAE with a critic (gae)",
@@ -148,6 +167,9 @@ class TrainConfig(TrainingOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_agent()
+        if self.backend == "openai":
+            raise ConfigError("--backend openai cannot train: a served model has no weight-sync path from the "
+                              "trainer; use --backend vllm (an engine in this process) or hf, and openai for eval")
 
     def _check_agent(self) -> None:
         """``--agent`` must name a trainable agent that takes its ``--agent-kwarg`` options: refused
@@ -264,7 +286,9 @@ class Roller:
         self.cfg = cfg
         self.questions = (0, cfg.questions_per_step)  # (first, count): a rank's share under torchrun
         self.run_tag = ""  # tells the group ids of ranks apart
-        self.backend = HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed)
+        self.model = model
+        self.backend = (HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed) if cfg.backend == "hf"
+                        else self._engine(cfg, model, tokenizer))
         n = min(cfg.rollout_envs, cfg.questions_per_step * cfg.group_size)
         kw = {**cfg.env_kwargs, "tokenizer": tokenizer}
         try:
@@ -273,6 +297,32 @@ class Roller:
                               for _ in range(min(cfg.rollout_envs, cfg.eval_episodes))]
         except (TypeError, ValueError, KeyError) as exc:  # env options are user input
             raise ConfigError(f"--env-kwarg: {cfg.env} refused {cfg.env_kwargs}: {exc}") from None
+
+    @staticmethod
+    def _engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Any:
+        from agents.backends.vllm import VLLMBackend, VLLMUnsupportedError
+
+        try:
+            return VLLMBackend.from_model(
+                model, tokenizer, dtype=cfg.vllm_dtype, max_model_len=cfg.max_model_len,
+                gpu_memory_utilization=cfg.gpu_memory_utilization, tensor_parallel_size=cfg.tensor_parallel_size,
+                kv_cache_gib=cfg.kv_cache_gib, enable_sleep_mode=cfg.vllm_sleep, seed=cfg.seed)
+        except VLLMUnsupportedError as exc:
+            raise ConfigError(f"--backend vllm: {exc}") from None
+
+    def _sync(self) -> None:
+        """An engine (vllm) samples the student's current weights: woken if asleep, then the weights
+        are copied in, in memory. Pushing before every rollout rather than after every optimizer
+        step costs one copy per step and leaves no path (resume, evaluation) with stale weights.
+        The hf backend shares the student's module: nothing to do."""
+        if hasattr(self.backend, "load_weights"):
+            self.backend.wake_up()
+            self.backend.load_weights(self.model)
+
+    def _rest(self) -> None:
+        """An engine in sleep mode frees its GPU memory for the update."""
+        if hasattr(self.backend, "sleep"):
+            self.backend.sleep()
 
     def _agent(self, greedy: bool, seed: int | None):
         """The ``--agent`` by the constructor convention: the student's backend, the run's sampling,
@@ -315,15 +365,23 @@ class Roller:
         # every step has its own seeds, so a resumed run replays exactly what it would have done
         base = cfg.seed * 1_000_003 + step * cfg.questions_per_step + first
         self.backend.reseed(base)
-        return rollout(self.train_envs, self._agent(False, None), count * cfg.group_size,
-                       group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}{self.run_tag}")
+        self._sync()
+        try:
+            return rollout(self.train_envs, self._agent(False, None), count * cfg.group_size,
+                           group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}{self.run_tag}")
+        finally:
+            self._rest()
 
     def evaluate(self) -> dict[str, float]:
         from agents.rollout import rollout
         from memgym.scoring import aggregate
 
-        eps = rollout(self.test_envs, self._agent(True, 0), self.cfg.eval_episodes, seed=10_000,
-                      progress=self.cfg.progress, run_id="eval")
+        self._sync()
+        try:
+            eps = rollout(self.test_envs, self._agent(True, 0), self.cfg.eval_episodes, seed=10_000,
+                          progress=self.cfg.progress, run_id="eval")
+        finally:
+            self._rest()
         self.check(eps)
         agg = aggregate([e.metrics for e in eps])
         return {k: float(agg[k]) for k in ("em", "f1", "sub_em")}
@@ -713,16 +771,26 @@ class Trainer:
         sums: dict[str, list[float]] = {}
         kl_parts: dict[str, list[tuple[float, float]]] = {f"kl/{r}": [] for r in ("all", *ROLES)}
         skipped = 0
+        minibatches = self._minibatches(batch)
+        # the trainer's log-probs of the sampled tokens before this update: in a pass of their own when
+        # PPO needs them as its old log-probs or minibatches would update between them; else from epoch 0
+        trainer_lp = self._trainer_logprobs(minibatches, batch.num_actions) \
+            if cfg.old_logprobs == "recompute" or len(minibatches) > 1 else None
+        old_lp, is_w = self._old_logprobs(batch, trainer_lp)
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
-            for mb in self._minibatches(batch):
+            for mb in minibatches:
                 uid = mb.action_uid
                 w = weights[uid]
                 tmask = mb.teacher.float()
                 w_scale, t_scale = self._global_scales(float(w.sum()), float(tmask.sum()))
                 s = self._student_states(mb)
                 logp, ent, _ = token_logprobs(s, mb.action_ids, chunk_size=cfg.kl_chunk)
-                pg, pg_stats = (losses.ppo_policy_loss(logp, mb.old_logprobs, advantages[uid], w, cfg.clip_eps)
+                if trainer_lp is None:  # one minibatch: epoch 0 is the forward before any update
+                    trainer_lp = torch.zeros(batch.num_actions)
+                    trainer_lp[uid] = logp.detach().float().cpu()
+                pg, pg_stats = (losses.ppo_policy_loss(logp, old_lp[uid], advantages[uid], w, cfg.clip_eps,
+                                                       None if is_w is None else is_w[uid])
                                 if cfg.reward != "none" else (logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}))
                 pg = pg * w_scale
                 entropy = losses.masked_mean(ent, w) * w_scale
@@ -774,7 +842,45 @@ class Trainer:
         out["skipped_minibatches"] = skipped
         if skipped and not sums:
             out["loss"] = float("nan")
+        if trainer_lp is not None:
+            out.update(self._mismatch(trainer_lp, batch.old_logprobs, is_w))
         return out, token_kl
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, minibatches: Sequence[PackedBatch], num_actions: int) -> torch.Tensor:
+        """[N] log-probs of the sampled tokens under the trainer's own forward of the current
+        weights (eval mode), in the batch's action order."""
+        self.student.eval()
+        out = torch.zeros(num_actions)
+        for mb in minibatches:
+            lp, _, _ = token_logprobs(self._student_states(mb), mb.action_ids, chunk_size=self.cfg.kl_chunk)
+            out[mb.action_uid] = lp.float().cpu()
+        return out
+
+    def _old_logprobs(self, batch: PackedBatch, trainer_lp: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """PPO's old log-probs and the per-token importance weights (None: no correction).
+        ``recorded``: the rollout engine's, and the ratio itself absorbs the engine/trainer gap.
+        ``recompute``: the trainer's, with the truncated weight pi_trainer / pi_rollout."""
+        if self.cfg.old_logprobs == "recorded":
+            return batch.old_logprobs, None
+        is_w = losses.truncated_is_weights(trainer_lp, batch.old_logprobs, self.cfg.tis_cap) \
+            if self.cfg.tis_cap > 0 else None
+        return trainer_lp, is_w
+
+    def _mismatch(self, trainer_lp: torch.Tensor, rollout_lp: torch.Tensor,
+                  is_w: torch.Tensor | None) -> dict[str, float]:
+        """Rollout/trainer mismatch of the step: mean and max |log p_trainer - log p_rollout| over
+        the sampled tokens (every rank's), and the importance weights' mean and capped share."""
+        d = (trainer_lp - rollout_lp.float()).abs()
+        n, total = distributed.all_sum([len(d), float(d.double().sum())], self.world)
+        (worst,) = distributed.all_max([float(d.max()) if len(d) else 0.0], self.world)
+        out = {"mismatch/mean_abs_logp": total / max(1, n), "mismatch/max_abs_logp": worst}
+        if is_w is not None:
+            capped = float((is_w >= self.cfg.tis_cap).sum())
+            w_sum, c_sum = distributed.all_sum([float(is_w.double().sum()), capped], self.world)
+            out.update({"mismatch/is_weight_mean": w_sum / max(1, n), "mismatch/is_capped_frac": c_sum / max(1, n)})
+        return out
 
     def _minibatches(self, batch: PackedBatch) -> list[PackedBatch]:
         """``--minibatches`` groups of rows. Under torchrun every rank makes the same number (its
@@ -851,7 +957,9 @@ class Trainer:
         if cfg.ref_beta > 0:
             self.ref = copy.deepcopy(self.twin).requires_grad_(False)
         if self.teacher is not None:
-            self.history["eval_teacher"] = Roller(cfg, self.teacher, self.teacher_tok).evaluate()
+            # on hf: a second in-process vLLM engine would tear down the student engine's state when freed
+            self.history["eval_teacher"] = Roller(dataclasses.replace(cfg, backend="hf"), self.teacher,
+                                                  self.teacher_tok).evaluate()
             self.log(f"teacher held-out: F1 {self.history['eval_teacher']['f1']:.3f}  "
                      f"EM {self.history['eval_teacher']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
         self.history["eval_before"] = self.roller.evaluate()

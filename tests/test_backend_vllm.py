@@ -169,3 +169,33 @@ def test_eval_with_vllm_gives_records_that_pass_the_audits(cache, tmp_path, monk
     assert all(r.passed for r in rce_audit(model, episodes).values())
     report = state_alignment(model, episodes, modes=("aligned",), tolerance=FP32_TOL)
     assert report.aligned_ok, report.table()
+
+
+def test_training_with_vllm_syncs_weights_and_logs_the_mismatch(cache, tmp_path, monkeypatch):
+    """memopd.train --backend vllm: each step's rollouts come from the engine holding the weights
+    of the step before (fp32 engine and trainer agree to <= 1e-4 on every sampled token, which a
+    stale engine after step 1's update would not), the RCE audit passes on vLLM's records, and
+    the mismatch metrics are in metrics.jsonl."""
+    import json
+
+    from memopd import train
+    from memopd.runlog import read_metrics
+
+    monkeypatch.setenv("MEMOPD_CACHE", str(cache))
+    run = tmp_path / "run"
+    args = ["--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size", "2", "--max-new-tokens", "12",
+            "--eval-episodes", "2", "--eval-every", "0", "--student-warmup-steps", "0", "--teacher", "tiny-teacher",
+            "--no-progress", "--pack-tokens", "1024", "--steps", "2", "--audit-every", "1", "--backend", "vllm",
+            "--vllm-dtype", "float32", "--max-model-len", "1024", "--old-logprobs", "recompute",
+            "--run-dir", str(run)]
+    cfg = train.prepare(train.cfgmod.parse_args(train.TrainConfig, args, "t", ""))
+    train.Trainer(cfg, log=lambda m: None).fit()
+    rows = [r for r in read_metrics(run) if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["mismatch/max_abs_logp"] <= FP32_TOL and r["mismatch/mean_abs_logp"] <= r["mismatch/max_abs_logp"]
+        assert r["mismatch/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert r["audit/passed"] is True
+    for step in (1, 2):
+        line = (run / "episodes" / f"step-{step:06d}.jsonl").read_text().splitlines()[0]
+        assert {i["policy_version"] for i in json.loads(line)["invocations"]} == {step - 1}
