@@ -113,6 +113,9 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gib", type=float, default=None, help="vllm: KV cache GiB (default 1 on CPU)")
     p.add_argument("--base-url", default=None, help="openai: server base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--served-model", default=None, help="openai: served model name (default: the server's first)")
+    p.add_argument("--server-logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
+                   help="openai: the server's --logprobs-mode; raw_logprobs (vLLM's default) records exactly only "
+                        "greedy or temperature-1 sampling")
 
 
 def engine_options(args: argparse.Namespace) -> Any:
@@ -121,7 +124,8 @@ def engine_options(args: argparse.Namespace) -> Any:
     return EngineOptions(dtype=args.dtype, max_model_len=args.max_model_len,
                          gpu_memory_utilization=args.gpu_memory_utilization,
                          tensor_parallel_size=args.tensor_parallel_size, kv_cache_gib=args.kv_cache_gib,
-                         base_url=args.base_url, served_model=args.served_model)
+                         base_url=args.base_url, served_model=args.served_model,
+                         server_logprobs_mode=args.server_logprobs_mode)
 
 
 def _env_ids() -> list[str]:
@@ -195,6 +199,7 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
 
     from agents.backends.base import SamplingParams
     from agents.backends.factory import BackendOptionError, make_backend
+    from agents.backends.openai import OpenAIBackendError
     from agents.backends.vllm import VLLMUnsupportedError
     from agents.models import load, load_tokenizer
 
@@ -210,7 +215,7 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
         backend = make_backend(args.backend, model=model, tokenizer=tokenizer, options=engine_options(args),
                                device=args.device, seed=args.seed, max_batch_size=args.batch_size,
                                name=f"hf:{args.model}")
-    except (BackendOptionError, VLLMUnsupportedError) as exc:
+    except (BackendOptionError, VLLMUnsupportedError, OpenAIBackendError) as exc:
         raise CLIError(f"--backend {args.backend}: {exc}") from None
     greedy = args.temperature <= 0
     sampling = SamplingParams(temperature=1.0 if greedy else args.temperature, top_p=args.top_p, greedy=greedy,

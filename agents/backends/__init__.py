@@ -9,9 +9,10 @@ from agents.backends.base import (
 )
 
 __all__ = ["Backend", "GenerationRequest", "SamplingParams", "FINISH_REASONS", "default_stop_ids", "HFBackend",
-           "VLLMBackend"]
+           "VLLMBackend", "OpenAIBackend"]
 
-_LAZY = {"HFBackend": "agents.backends.hf", "VLLMBackend": "agents.backends.vllm"}
+_LAZY = {"HFBackend": "agents.backends.hf", "VLLMBackend": "agents.backends.vllm",
+         "OpenAIBackend": "agents.backends.openai"}
 
 
 def __getattr__(name: str):

@@ -38,6 +38,8 @@ class EngineOptions:
     """openai: the server's base URL, e.g. http://127.0.0.1:8000/v1."""
     served_model: str | None = None
     """openai: the served model's name (default: the server's first model)."""
+    server_logprobs_mode: str = "raw_logprobs"
+    """openai: the server's --logprobs-mode (processed_logprobs allows any temperature)."""
 
 
 def make_backend(kind: str, *, model: Any, tokenizer: Any, options: EngineOptions, device: str = "cpu",
@@ -61,5 +63,5 @@ def make_backend(kind: str, *, model: Any, tokenizer: Any, options: EngineOption
         from agents.backends.openai import OpenAIBackend
 
         return OpenAIBackend(options.base_url, tokenizer, model=options.served_model, seed=seed,
-                             max_concurrency=max_batch_size)
+                             max_concurrency=max_batch_size, logprobs_mode=options.server_logprobs_mode)
     raise BackendOptionError(f"unknown backend {kind!r}; choose from {', '.join(BACKENDS)}")
