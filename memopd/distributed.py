@@ -71,6 +71,16 @@ def launched_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+def launched_rank() -> int:
+    """This process's rank as torchrun set it (0 without torchrun), readable before :func:`setup`."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def restarted() -> bool:
+    """Whether torchrun (``--max-restarts``) started these ranks again after a failure."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
 def setup(device: str, timeout_s: float) -> World:
     """Join the process group torchrun described in the environment (nothing for one process).
 
@@ -80,16 +90,24 @@ def setup(device: str, timeout_s: float) -> World:
         return SINGLE
     if not dist.is_initialized():
         backend = "nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, store=_attempt_store(timeout), rank=launched_rank(),
+                                world_size=launched_size(), timeout=timeout)
     world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-    if device.startswith("cuda"):
+    if device.startswith("cuda"):  # "cuda" then means this rank's own GPU everywhere
         torch.cuda.set_device(world.local_rank)
     return world
 
 
-def rank_device(world: World, device: str) -> str:
-    """Each rank's own accelerator: ``cuda`` -> ``cuda:<local rank>``; other devices as given."""
-    return f"cuda:{world.local_rank}" if world.enabled and device == "cuda" else device
+def _attempt_store(timeout: timedelta) -> dist.Store:
+    """The rendezvous key-value store (``MASTER_ADDR:MASTER_PORT``), its keys prefixed by the
+    torchrun restart count: after a restart a rank must never read the address a dead rank of the
+    previous attempt published (measured: gloo then fails to connect to that address)."""
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts the store
+    store = dist.TCPStore(addr, port, launched_size(), is_master=not agent and launched_rank() == 0,
+                          timeout=timeout)
+    return dist.PrefixStore(f"memopd/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def shutdown() -> None:
@@ -149,6 +167,15 @@ def gather_objects(obj: Any, world: World) -> list[Any]:
     out: list[Any] = [None] * world.size
     dist.all_gather_object(out, obj)
     return out
+
+
+def from_rank0(obj: Any, world: World) -> Any:
+    """Rank 0's ``obj`` on every rank (picklable)."""
+    if not world.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier(world: World) -> None:
@@ -230,7 +257,7 @@ def wrap(module: torch.nn.Module, layers: Iterable[torch.nn.Module], mode: str, 
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        ids = [torch.device(device).index] if device.startswith("cuda") else None
+        ids = [torch.cuda.current_device()] if device.startswith("cuda") else None  # setup() chose it
         return DistributedDataParallel(module, device_ids=ids)
     if mode != "fsdp":
         raise DistributedError(f"unknown --parallel {mode!r}; choose one of {PARALLEL_MODES}")
@@ -416,5 +443,5 @@ def main_only(world: World, fn: Callable[[], Any]) -> Any:
 __all__ = ["PARALLEL_MODES", "DistributedError", "FullState", "PackedStates", "SINGLE", "World", "all_max",
            "all_min", "all_sum", "all_sum_tensor", "assign_episodes", "barrier", "check_batch", "clip_grad_norm",
            "decoder_layers", "episode_tokens", "full_optimizer_state", "full_state_dict", "gather_objects",
-           "launched_size", "load_full_optimizer_state", "load_full_state_dict", "question_share", "rank_device",
-           "setup", "shutdown", "sync_twin", "weighted_stats", "wrap"]
+           "from_rank0", "launched_rank", "launched_size", "load_full_optimizer_state", "load_full_state_dict",
+           "publish_twin", "question_share", "restarted", "setup", "shutdown", "sync_twin", "weighted_stats", "wrap"]

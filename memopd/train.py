@@ -1163,6 +1163,14 @@ def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
     return resolve_defaults(cfg)
 
 
+def _resume_after_restart(cfg: TrainConfig) -> TrainConfig:
+    """``torchrun --max-restarts`` starts the ranks again with the same flags: a ``--run-dir`` that
+    holds a checkpoint by then is resumed from it."""
+    if cfg.resume or not cfg.run_dir or not distributed.restarted():
+        return cfg
+    return dataclasses.replace(cfg, resume=cfg.run_dir) if checkpoint.list_checkpoints(cfg.run_dir) else cfg
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: bad input prints ``error: ...`` and exits 2; a run stopped by non-finite losses
     exits 1."""
@@ -1170,10 +1178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def _main() -> int:
         cfg, given = cfgmod.parse_known(TrainConfig, argv, "python -m memopd.train", __doc__)
+        cfg = _resume_after_restart(cfg)
         if not cfg.resume:
             _check_env(cfg.env)
         cfg = prepare(cfg, given - {"resume", "config"})
-        print("config:\n" + cfgmod.dump_toml(cfg), file=sys.stderr)
+        if distributed.launched_size() > 1:  # every rank uses rank 0's run directory (its name holds a time)
+            world = distributed.setup(cfg.device, cfg.dist_timeout)
+            cfg = dataclasses.replace(cfg, run_dir=distributed.from_rank0(cfg.run_dir, world))
+        if distributed.launched_rank() == 0:
+            print("config:\n" + cfgmod.dump_toml(cfg), file=sys.stderr)
         try:
             Trainer(cfg, log=lambda m: print(m, file=sys.stderr, flush=True)).fit()
         except TrainingError as exc:

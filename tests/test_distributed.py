@@ -13,11 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from memopd import checkpoint, distributed, train
 from memopd.runlog import read_metrics
@@ -176,11 +178,22 @@ def test_two_ranks_write_the_sample_episodes_with_teacher_kl_once(equivalence):
 # torchrun: a run, kill and resume, another world size
 # ------------------------------------------------------------------------------------------------
 
-def _torchrun(n: int, args: list[str], **kw) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port",
-           str(_free_port()), "-m", "memopd.train", *FAST, *args]
+def _torchrun(n: int, args: list[str], max_restarts: int = 0, **kw) -> subprocess.Popen:
+    # c10d rendezvous (as on several machines): every restart round gets fresh store keys
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--max-restarts", str(max_restarts),
+           "-m", "memopd.train", *FAST, *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    log = tempfile.NamedTemporaryFile("w+", prefix="torchrun-", suffix=".log", delete=False)  # a pipe could fill
+    p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, **kw)
+    p.log = Path(log.name)
+    return p
+
+
+def _finish(p: subprocess.Popen, timeout: float) -> str:
+    """Wait for a torchrun job; its output."""
+    p.wait(timeout=timeout)
+    return p.log.read_text()
 
 
 def _train_rows(run: Path) -> list[dict]:
@@ -199,7 +212,7 @@ def _same(a: list[dict], b: list[dict], tol: float = 1e-6) -> None:
 def two_rank_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("torchrun") / "run"
     p = _torchrun(2, ["--steps", "3", "--save-every", "1", "--audit-every", "3", "--run-dir", str(run)])
-    out, _ = p.communicate(timeout=600)
+    out = _finish(p, 600)
     assert p.returncode == 0, out[-3000:]
     return run, out
 
@@ -231,13 +244,19 @@ def test_resume_at_another_world_size_in_both_directions(two_rank_run, tmp_path)
     (one / "checkpoints" / "latest").write_text("step-000002")
     cfg = train.prepare(train.cfgmod.parse_args(train.TrainConfig, ["--resume", str(one), "--no-progress"], "t", ""),
                         {"progress"})
-    train.Trainer(cfg, log=lambda m: None).fit()
-    rows = _train_rows(one)
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert rows[2]["loss"] == pytest.approx(_train_rows(run)[2]["loss"], abs=1e-3)  # rollouts differ per layout
+    trainer = train.Trainer(cfg, log=lambda m: None)
+    trainer.restore()  # what fit() does first
+    ckpt = one / "checkpoints" / "step-000002"
+    saved = load_file(str(ckpt / "student.safetensors"))
+    assert all(torch.equal(v, saved[k]) for k, v in trainer.student.state_dict().items() if k in saved)
+    saved_opt = torch.load(ckpt / "trainer.pt", weights_only=True)["optimizer"]
+    assert all(torch.equal(trainer.opt.state_dict()["state"][i]["exp_avg"], s["exp_avg"])
+               for i, s in saved_opt["state"].items())
+    trainer._train()
+    assert [r["step"] for r in _train_rows(one)] == [1, 2, 3]
     # 1 -> 2: the one-process run resumed by 2 ranks for one more step
     p = _torchrun(2, ["--resume", str(one), "--steps", "4"])
-    out, _ = p.communicate(timeout=600)
+    out = _finish(p, 600)
     assert p.returncode == 0, out[-3000:]
     assert [r["step"] for r in _train_rows(one)] == [1, 2, 3, 4]
 
@@ -255,11 +274,27 @@ def test_a_killed_rank_ends_the_job_and_resume_continues(tmp_path):
     assert len(workers) == 2, workers
     os.kill(int(workers[1]), signal.SIGKILL)  # one rank dies mid-run
     start = time.time()
-    out, _ = p.communicate(timeout=180)
+    out = _finish(p, 180)
     assert p.returncode != 0 and time.time() - start < 120, out[-2000:]  # the job ends, no hang
     done = _train_rows(run)[-1]["step"] if _train_rows(run) else 0
     assert done < 6
     p = _torchrun(2, ["--resume", str(run)])
-    out, _ = p.communicate(timeout=600)
+    out = _finish(p, 600)
     assert p.returncode == 0, out[-3000:]
     assert [r["step"] for r in _train_rows(run)] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.slow
+def test_max_restarts_resumes_by_itself_after_a_killed_rank(tmp_path):
+    run = tmp_path / "run"
+    p = _torchrun(2, ["--steps", "5", "--save-every", "1", "--dist-timeout", "60", "--run-dir", str(run)],
+                  max_restarts=1, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(checkpoint.list_checkpoints(run)) < 2:
+        time.sleep(0.5)
+    workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(int(workers[0]), signal.SIGKILL)
+    out = _finish(p, 600)
+    assert p.returncode == 0, out[-3000:]
+    assert "resumed from" in out
+    assert [r["step"] for r in _train_rows(run)] == [1, 2, 3, 4, 5]
