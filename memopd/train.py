@@ -1107,8 +1107,8 @@ def check_env_settings(cfg: TrainConfig, tokenizer: Any, episodes: int = 4) -> N
                     _play_empty(env, seed)
             env.close()
         except DatasetUnavailableError as exc:
-            raise ConfigError(f"--env {cfg.env}: {exc}\nWith memopd.train, pass the files as --env-kwarg "
-                              "path=FILE_OR_DIR.") from None
+            raise ConfigError(f"--env {cfg.env}: {' '.join(str(exc).split())} With memopd.train, pass the files "
+                              "as --env-kwarg path=FILE_OR_DIR.") from None
         except OracleDataError as exc:
             raise ConfigError(str(exc)) from None
         except (ValueError, TypeError, KeyError, MemgymError) as exc:
