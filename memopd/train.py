@@ -488,13 +488,12 @@ class Trainer:
         self.logger = self._open_run_dir()
 
     def _teacher_spec(self) -> str:
-        """``--teacher auto`` is built once, by rank 0, while the other ranks wait for its cache."""
-        if not self.world.is_main:
-            distributed.barrier(self.world)
-            return ensure_teacher(self.cfg, self.log)
-        spec = ensure_teacher(self.cfg, self.log)
-        distributed.barrier(self.world)
-        return spec
+        """``--teacher auto`` is built once per machine, by its local rank 0, while the machine's
+        other ranks wait for the cache (on the filesystem: a build outlasts any collective timeout)."""
+        if self.cfg.teacher == "auto" and self.world.local_rank != 0:
+            while not (default_teacher_dir(self.cfg) / "config.json").is_file():
+                time.sleep(2.0)
+        return ensure_teacher(self.cfg, self.log)
 
     def _go_parallel(self) -> torch.nn.Module:
         """Under torchrun, shard (FSDP2) or replicate (DDP) the student and the critic; returns the
