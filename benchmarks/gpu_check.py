@@ -9,8 +9,14 @@ gradient. A short timing section then compares actor forward + backward of padde
 the packed lowerings on a MemAgent-like workload. Exits cleanly when CUDA, FlexAttention or
 flash-attn is missing (what is missing is skipped and said).
 
+With two or more GPUs it then trains a few steps with ``torchrun --nproc-per-node <GPUs> -m
+memopd.train --device cuda`` for FSDP2 (bf16 compute, fp32 reduction) and for DDP, and checks
+that every step has a finite loss, that the RCE audit of the gathered student passes and that
+the final model was written; it prints the step times against one GPU.
+
     python benchmarks/gpu_check.py            # < 3 minutes on one GPU
     python benchmarks/gpu_check.py --no-timing
+    python benchmarks/gpu_check.py --cpu-dry-run   # the same checks on CPU (gloo, 2 ranks)
 """
 
 from __future__ import annotations
@@ -162,6 +168,45 @@ def timing(lowerings: list[str]) -> None:
         print(f"  {name:<40} {sec * 1000:>8.1f} ms  speedup vs (a) {base / sec:>5.2f}")
 
 
+def multi_gpu_check(ranks: int, device: str) -> bool:
+    """A few training steps with ``ranks`` processes (FSDP2, then DDP) and with one."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import tempfile
+
+    def train(tmp: str, name: str, n: int, parallel: str) -> list[dict] | None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        run = Path(tmp) / name
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-port", str(port)]
+        args = ["-m", "memopd.train", "--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--steps", "3",
+                "--questions-per-step", "4", "--group-size", "2", "--max-new-tokens", "16", "--eval-episodes", "2",
+                "--eval-every", "0", "--student-warmup-steps", "0", "--teacher", "tiny-teacher", "--audit-every", "3",
+                "--no-progress", "--threads", "1", "--device", device, "--parallel", parallel, "--run-dir", str(run)]
+        done = subprocess.run((launch if n > 1 else [sys.executable]) + args, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode != 0:
+            print(f"  {name}: FAILED\n{done.stderr[-2000:]}")
+            return None
+        ok = (run / "model" / "config.json").is_file()
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        rows = [r for r in rows if "step_s" in r]
+        good = ok and len(rows) == 3 and all(r.get("loss") is not None for r in rows) and rows[-1].get("audit/passed")
+        print(f"  {name:<14} {'ok' if good else 'FAILED'}  step s {[round(r['step_s'], 2) for r in rows]}  "
+              f"loss {[round(r['loss'], 4) for r in rows if r.get('loss') is not None]}  "
+              f"audit {rows[-1].get('audit/max_abs_diff') if rows else None}")
+        return rows if good else None
+
+    print(f"\nmulti-process training: {ranks} ranks on {device}")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [train(tmp, "1 process", 1, "fsdp")] + [train(tmp, f"{ranks} ranks {p}", ranks, p)
+                                                          for p in ("fsdp", "ddp")]
+    return all(r is not None for r in results)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-timing", action="store_true")
@@ -170,7 +215,7 @@ def main() -> int:
     if args.cpu_dry_run:
         global DEVICE
         DEVICE = "cpu"
-        ok = check(["blocks"])
+        ok = check(["blocks"]) and multi_gpu_check(2, "cpu")
         print("dry run:", "ok" if ok else "FAILED")
         return 0 if ok else 1
     if not torch.cuda.is_available():
@@ -190,6 +235,10 @@ def main() -> int:
     ok = check(lowerings)
     if not args.no_timing:
         timing(lowerings)
+    if torch.cuda.device_count() >= 2:
+        ok = multi_gpu_check(torch.cuda.device_count(), "cuda") and ok
+    else:
+        print("\nskipping the multi-GPU FSDP2/DDP check: one GPU (two ranks cannot share a GPU with nccl)")
     print(f"\n{'all lowerings agree' if ok else 'SOME LOWERINGS FAILED'} ({time.perf_counter() - t0:.0f} s)")
     return 0 if ok else 1
 
