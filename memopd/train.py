@@ -450,6 +450,9 @@ class Trainer:
         distributed.check_batch(self.world, cfg.questions_per_step, cfg.group_size)
         if not self.world.is_main:  # only rank 0 logs and draws progress bars
             cfg, log = dataclasses.replace(cfg, progress=False), _quiet
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # transformers' own bars (loading weights)
         self.cfg, self.log = cfg, log
         torch.manual_seed(cfg.seed)
         _check_env(cfg.env)
