@@ -2,7 +2,8 @@
 
 Each (model, backend) is measured in a subprocess of its own (one in-process vLLM engine per
 process; a freed engine tears down vLLM's process-wide state), all within one run of this
-script, so the ratios compare like with like. Every generation row has a 128-token prompt and
+script, so the ratios compare like with like; vLLM's OpenMP threads are bound to one core
+(``--vllm-cores``) as the transformers side runs one torch thread. Every generation row has a 128-token prompt and
 generates exactly 64 tokens (no early stop, temperature 1, fp32, one torch thread). A training
 step is ``memopd.train`` with 4 questions x 2 samples, 2-chunk LongQA episodes, 1 PPO epoch,
 OPD against the same model (so both backends do identical learner work): the mean ``step_s`` of
@@ -72,6 +73,9 @@ def _one(args: argparse.Namespace) -> None:
     res = _generation(args.one[0], args.one[1], args.batches, args.new_tokens, args.repeats)
     if args.train:
         res.update(_train_step(args.one[0], args.one[1]))
+    import torch
+
+    res["torch_threads"] = torch.get_num_threads()
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -79,8 +83,10 @@ def _spawn(model_spec: str, backend: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.backends", "--one", model_spec, backend, "--new-tokens",
            str(args.new_tokens), "--repeats", str(args.repeats), "--batches", *map(str, args.batches),
            "--train" if model_spec in args.train_models and args.train else "--no-train"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-                          cwd=Path(__file__).resolve().parent.parent)
+    # vLLM on CPU binds OpenMP threads to every allowed core and then blocks torch.set_num_threads
+    # for the whole process (the trainer's too): bind it to one core, as the hf side runs one thread
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_OMP_THREADS_BIND": args.vllm_cores}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise RuntimeError(f"{model_spec}/{backend} failed:\n{proc.stderr[-3000:]}")
@@ -95,6 +101,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--train", action=argparse.BooleanOptionalAction, default=True, help="also time training steps")
     ap.add_argument("--train-models", nargs="+", default=["tiny", "smollm2"])
+    ap.add_argument("--vllm-cores", default="0", help="VLLM_CPU_OMP_THREADS_BIND of the vllm runs (0: one core, "
+                                                      "like the hf runs' one thread; auto: every core)")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -105,7 +113,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for m in args.models:
         hf, vl = results[(m, "hf")], results[(m, "vllm")]
-        for key in [k for k in hf if k in vl]:
+        for key in [k for k in hf if k in vl and k != "torch_threads"]:
             ratio = vl[key] / hf[key] if "tok_s" in key else hf[key] / vl[key]  # >1: vllm faster
             print(f"| {m} | {key} | {hf[key]:.1f} | {vl[key]:.1f} | {ratio:.2f}x |")
     print(json.dumps({f"{m}/{b}": r for (m, b), r in results.items()}))

@@ -12,7 +12,8 @@ processed log-probs are ``log_softmax(logits)`` (T = 1, as the contract says for
 The engine runs in this process by default (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that
 :meth:`VLLMBackend.load_weights` copies a trainer's weights into it in memory, without a save
 and reload. Entry points that build one need an ``if __name__ == "__main__":`` guard (vLLM
-may spawn worker processes).
+may spawn worker processes). Keep one live engine per process: freeing an in-process engine
+tears down vLLM's process-wide parallel state, which breaks any other engine still in use.
 """
 
 from __future__ import annotations
@@ -211,8 +212,8 @@ class VLLMBackend(Backend):
         ``reload_weights``: a plain ``model.load_weights`` would fail on CPU, where the loaded
         linear weights were repacked for the CPU kernels (vLLM's reload re-creates the checkpoint
         layout, loads, and re-runs that processing). Casting to the engine's dtype is vLLM's."""
-        weights = list(weights)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+        # a list, not a generator: with tensor parallelism the call is serialised to worker processes
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights),
                                                           "is_checkpoint_format": True})
 
     def sleep(self) -> None:
