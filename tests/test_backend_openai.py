@@ -135,7 +135,7 @@ def test_unreachable_server_is_retried_then_a_clear_error(tiny):
 class _NoTokenIds(BaseHTTPRequestHandler):
     """A server that answers completions without token ids (as a plain OpenAI endpoint does)."""
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):  # http.server's name
         self.rfile.read(int(self.headers["Content-Length"]))
         body = json.dumps({"choices": [{"text": "hi", "finish_reason": "length",
                                         "logprobs": {"token_logprobs": [-1.0]}}]}).encode()

@@ -84,7 +84,7 @@ def test_temperature_scaled_not_raw(tiny_engine):
 
 
 def test_stop_tokens_are_kept_with_their_reason(tiny_engine):
-    model, tok, backend = tiny_engine
+    _, tok, backend = tiny_engine
     req = requests(tok, 1)
     free = backend.generate(req, SamplingParams(greedy=True, max_new_tokens=12, stop_token_ids=[]))[0]
     assert free.finish_reason == "length" and len(free.response_ids) == 12

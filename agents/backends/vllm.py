@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from agents.backends.base import Backend, GenerationRequest, SamplingParams, default_stop_ids
 from agents.records import Invocation
@@ -124,7 +125,7 @@ class VLLMBackend(Backend):
         self._stream = torch.Generator().manual_seed(seed)
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, **kwargs: Any) -> "VLLMBackend":
+    def from_model(cls, model: Any, tokenizer: Any, **kwargs: Any) -> VLLMBackend:
         """An engine for a loaded transformers model (see :func:`model_dir`); its weights are then
         pushed in, so the engine samples exactly this model even when the directory is older."""
         backend = cls(model_dir(model, tokenizer), tokenizer, **kwargs)
