@@ -111,7 +111,9 @@ def _attempt_store(timeout: timedelta) -> dist.Store:
 
 
 def shutdown() -> None:
-    if dist.is_initialized():
+    """Leave the process group a multi-rank launch made. A single process leaves alone a group
+    that something else created (an in-process vLLM engine makes one and tears it down itself)."""
+    if launched_size() > 1 and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -18,7 +18,9 @@ tears down vLLM's process-wide parallel state, which breaks any other engine sti
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable
@@ -56,6 +58,7 @@ def model_dir(model: Any, tokenizer: Any) -> Path:
     if (src / "config.json").is_file() and any(src.glob("*.safetensors")):
         return src
     out = Path(tempfile.mkdtemp(prefix="memopd-vllm-"))
+    atexit.register(shutil.rmtree, out, True)  # the engine reads it at start; gone when the process ends
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
