@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from agents.backends.hf import HFBackend
 from agents.prompts import template_corpus
+from agents.records import Invocation
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -80,3 +83,15 @@ class CountingBackend(HFBackend):
     def generate(self, requests, sampling):
         self.batches.append(len(requests))
         return super().generate(requests, sampling)
+
+
+def rescore(model, inv: Invocation, temperature: float = 1.0) -> torch.Tensor:
+    """Independent check of a backend's records: one transformers forward over prompt + response,
+    no cache, no padding, the recorded positions; log-probs of the response tokens under softmax(logits / T)."""
+    ids = torch.tensor([inv.input_ids])
+    pos = torch.tensor([inv.position_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    n = inv.prompt_len
+    return logp[n - 1:-1].gather(-1, torch.tensor(inv.response_ids)[:, None])[:, 0]

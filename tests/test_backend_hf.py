@@ -11,19 +11,8 @@ import torch
 from agents import models
 from agents.backends import Backend, GenerationRequest, HFBackend, SamplingParams, default_stop_ids
 from agents.backends.hf import filter_logits
-from agents.records import Episode, Invocation
-
-
-def rescore(model, inv: Invocation, temperature: float = 1.0) -> torch.Tensor:
-    """Independent check: one forward pass over prompt + response, no cache, no padding, the
-    recorded positions; log-probs of the response tokens under softmax(logits / T)."""
-    ids = torch.tensor([inv.input_ids])
-    pos = torch.tensor([inv.position_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    n = inv.prompt_len
-    return logp[n - 1:-1].gather(-1, torch.tensor(inv.response_ids)[:, None])[:, 0]
+from agents.records import Episode
+from agent_fixtures import rescore
 
 
 def make_requests(tokenizer, n: int = 6) -> list[GenerationRequest]:

@@ -11,7 +11,7 @@ import torch
 
 from agents.backends import GenerationRequest, SamplingParams, default_stop_ids
 from agents.backends.vllm import VLLMUnsupportedError, vllm_available
-from agents.records import Invocation
+from agent_fixtures import rescore
 
 pytestmark = [
     pytest.mark.vllm,
@@ -22,18 +22,6 @@ pytestmark = [
 FP32_TOL = 1e-4
 """|recorded - re-scored| log-prob bound for an fp32 engine on CPU (measured ~1e-6: different kernels,
 same arithmetic). A bf16 GPU engine differs from an fp32 trainer by ~1e-2 per token."""
-
-
-def rescore(model, inv: Invocation, temperature: float = 1.0) -> torch.Tensor:
-    """Independent check: one transformers forward over prompt + response, no cache, the
-    recorded positions; log-probs of the response tokens under softmax(logits / T)."""
-    ids = torch.tensor([inv.input_ids])
-    pos = torch.tensor([inv.position_ids])
-    with torch.no_grad():
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    n = inv.prompt_len
-    return logp[n - 1:-1].gather(-1, torch.tensor(inv.response_ids)[:, None])[:, 0]
 
 
 def requests(tokenizer, n: int = 5) -> list[GenerationRequest]:
