@@ -34,6 +34,7 @@ so it can size its input (LongQA plans its documents to fill exactly ``num_chunk
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.resources
 import importlib.util
@@ -177,6 +178,16 @@ class TaskSpec:
             if name not in params:
                 kwargs.pop(name, None)
         return factory(split, seed, **kwargs)
+
+    def fingerprint(self) -> str:
+        """A digest of the folder's files (names and contents; files over 16 MiB by size and
+        modification time), so caches built from a task (e.g. a trained teacher) notice an edit."""
+        h = hashlib.sha256()
+        for path in sorted(p for p in self.folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            st = path.stat()
+            h.update(f"{path.relative_to(self.folder).as_posix()}\0{st.st_size}\0".encode())
+            h.update(path.read_bytes() if st.st_size <= 16 << 20 else str(st.st_mtime_ns).encode())
+        return h.hexdigest()[:16]
 
     def accepts(self, name: str) -> bool:
         """Whether the task's source takes the sizing kwarg ``name``."""

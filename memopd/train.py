@@ -197,8 +197,12 @@ def default_teacher_dir(cfg: TrainConfig) -> Path:
     from agents.models import cache_dir
     from agents.presets import PRESET_FORMAT
 
-    key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, "preset_format": PRESET_FORMAT, **TEACHER_SFT},
-                     sort_keys=True)
+    from memgym.registry import get_task
+
+    # the task folder's files too: an edited custom task must not reuse a teacher of its old version
+    task = get_task(cfg.env).fingerprint()
+    key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, "task": task, "preset_format": PRESET_FORMAT,
+                      **TEACHER_SFT}, sort_keys=True)
     return cache_dir() / "teachers" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

@@ -289,3 +289,18 @@ def test_a_binary_task_toml_is_skipped_not_fatal(tmp_path):
         load_task(folder)
     with pytest.warns(UserWarning, match="skipping task folder.*not UTF-8 text"):
         register_tasks([tmp_path])
+
+
+def test_the_fingerprint_follows_the_folders_files(tmp_path):
+    """Caches keyed by a task (the trainer's auto teacher) must notice an edited generator."""
+    folder = tmp_path / "Fp"
+    folder.mkdir()
+    (folder / "task.toml").write_text('name = "Fp"\nversion = 0\nsource = "generator.py:make_source"\n')
+    (folder / "generator.py").write_text("def make_source(split, seed):\n    return []\n")
+    first = load_task(folder).fingerprint()
+    assert load_task(folder).fingerprint() == first  # stable
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "generator.cpython-311.pyc").write_bytes(b"\0")
+    assert load_task(folder).fingerprint() == first  # bytecode caches do not count
+    (folder / "generator.py").write_text("def make_source(split, seed):\n    return [] \n")
+    assert load_task(folder).fingerprint() != first
