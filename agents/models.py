@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -154,10 +155,14 @@ def smollm2_gguf(cache: str | os.PathLike | None = None) -> Path:
 RUN_MODEL_DIR = "model"
 """Where a training run keeps its final model, a standard transformers directory."""
 CHECKPOINT_WEIGHTS = "student.safetensors"
+SHARDED_CHECKPOINT = "dcp"
+"""A checkpoint written by several ranks holds the student as a Distributed Checkpoint here."""
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:
-    return (Path(path) / "meta.json").is_file() and (Path(path) / CHECKPOINT_WEIGHTS).is_file()
+    p = Path(path)
+    return (p / "meta.json").is_file() and ((p / CHECKPOINT_WEIGHTS).is_file()
+                                            or (p / SHARDED_CHECKPOINT / ".metadata").is_file())
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -212,9 +217,12 @@ def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: s
     except (ModelLoadError, FileNotFoundError) as exc:
         raise ModelLoadError(f"{ckpt}: its base model {base!r} (from {cfg_file}) cannot be loaded: {exc}") from None
     try:
-        state = load_file(str(ckpt / CHECKPOINT_WEIGHTS))
-    except Exception as exc:  # noqa: BLE001 - truncated files raise several types
-        raise ModelLoadError(f"{ckpt / CHECKPOINT_WEIGHTS}: unreadable ({exc}); try an older checkpoint") from None
+        state = (_read_sharded_student(ckpt / SHARDED_CHECKPOINT, model) if not (ckpt / CHECKPOINT_WEIGHTS).is_file()
+                 else load_file(str(ckpt / CHECKPOINT_WEIGHTS)))
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise  # noqa: BLE001 - truncated files raise several types
+        raise ModelLoadError(f"{ckpt}: its weights are unreadable ({exc}); try an older checkpoint") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if "lm_head" not in m]  # a tied head may be absent
     if missing or unexpected:
@@ -223,6 +231,18 @@ def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: s
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
     return _finish(model, tokenizer, dtype=dtype, device=device, what=str(ckpt))
+
+
+def _read_sharded_student(dcp_dir: Path, model: Any) -> dict[str, torch.Tensor]:
+    """The student's whole weights from a Distributed Checkpoint, read in this one process (DCP
+    joins the shards of every rank that wrote it)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"student": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    with warnings.catch_warnings():  # one process: DCP says it assumes so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=not torch.distributed.is_initialized())
+    return state["student"]
 
 
 # ---------------------------------------------------------------------------------------------

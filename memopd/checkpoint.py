@@ -2,8 +2,18 @@
 
 Layout of a run directory::
 
-    checkpoints/step-000040/   model.safetensors, critic.safetensors?, trainer.pt, meta.json
+    checkpoints/step-000040/   student.safetensors, critic.safetensors?, trainer.pt, meta.json
     checkpoints/latest         the name of the newest complete checkpoint (replaced atomically)
+
+Under torchrun a checkpoint is sharded (:func:`save_sharded`): a Distributed Checkpoint
+(``torch.distributed.checkpoint``) of every rank's shards of the models and optimizers, plus
+each rank's RNG state::
+
+    checkpoints/step-000040/   dcp/ (.metadata, __<rank>_0.distcp), rng-00000.pt, rng-00001.pt, ...,
+                               trainer.pt, meta.json ("format": "dcp", "world_size": N)
+
+DCP reshards on load: a sharded checkpoint resumes at any world size, and one process reads it
+whole (no process group needed); a one-process checkpoint resumes under torchrun as well.
 
 A checkpoint is first written to ``checkpoints/.tmp-...`` and renamed into place when every file
 is flushed; ``latest`` is updated last with ``os.replace``. Loading verifies the files and falls
@@ -21,6 +31,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import tempfile
 import warnings
@@ -30,6 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+
+DCP_DIR = "dcp"
+"""The Distributed Checkpoint folder inside a sharded checkpoint."""
 
 
 class CheckpointError(RuntimeError):
@@ -128,14 +143,118 @@ def _prune(ckpt_root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _fsync_tree(path: Path) -> None:
+    for f in path.rglob("*"):
+        if f.is_file():
+            with f.open("rb") as fh:
+                os.fsync(fh.fileno())
+    for d in [path, *(p for p in path.rglob("*") if p.is_dir())]:
+        _fsync_dir(d)
+
+
+def save_sharded(run_dir: str | Path, step: int, state: Any, trainer_state: dict[str, Any], world: Any,
+                 keep: int = 2) -> Path:
+    """Checkpoint ``step`` of a multi-rank run, written by every rank in parallel (a collective).
+
+    ``state`` is a :class:`memopd.distributed.ShardedState` (models and optimizers as this rank's
+    shards): a Distributed Checkpoint in ``dcp/``. Each rank adds its RNG state
+    (``rng-<rank>.pt``); rank 0 adds ``trainer_state`` (scheduler, history: the same on every
+    rank) and ``meta.json``, then renames the folder into place and updates ``latest``, as
+    :func:`save` does. The ranks must share the run directory's filesystem."""
+    import torch.distributed.checkpoint as dcp
+
+    from memopd import distributed
+
+    ckpt_root = Path(run_dir) / "checkpoints"
+    tmp_name = None
+    if world.is_main:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(run_dir)
+        tmp_name = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root)).name
+    tmp = ckpt_root / distributed.from_rank0(tmp_name, world)
+    final = step_dir(run_dir, step)
+    try:
+        sd = state.state_dict()
+        with warnings.catch_warnings():  # one process: DCP says it assumes so
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(sd, checkpoint_id=str(tmp / DCP_DIR), no_dist=not world.enabled)
+        torch.save(rng_state(), tmp / f"rng-{world.rank:05d}.pt")
+        distributed.barrier(world)
+        if world.is_main:
+            torch.save(trainer_state, tmp / "trainer.pt")
+            (tmp / "meta.json").write_text(json.dumps({"step": step, "format": "dcp", "world_size": world.size,
+                                                       "modules": sorted(state.models),
+                                                       "optimizers": [k for k in state.optimizers if k in sd]}))
+            _fsync_tree(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(ckpt_root)
+            latest_tmp = ckpt_root / ".latest.tmp"
+            latest_tmp.write_text(final.name)
+            os.replace(latest_tmp, ckpt_root / "latest")
+            _prune(ckpt_root, keep)
+    finally:
+        if world.is_main and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    distributed.barrier(world)  # no rank goes on before the checkpoint is complete
+    return final
+
+
+def is_sharded(path: str | Path) -> bool:
+    """Whether checkpoint ``path`` was written by :func:`save_sharded`."""
+    try:
+        return json.loads((Path(path) / "meta.json").read_text()).get("format") == "dcp"
+    except (OSError, ValueError):
+        return False
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete checkpoints, newest first."""
     root = Path(run_dir) / "checkpoints"
     return sorted((p for p in root.glob("step-*") if (p / "meta.json").is_file()), reverse=True)
 
 
-def _load_one(path: Path, modules: dict[str, torch.nn.Module]) -> dict[str, Any]:
+def _load_sharded(path: Path, state: Any, optimizers: list[str]) -> None:
+    """Read a Distributed Checkpoint into ``state`` (a ShardedState), resharding as this world needs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if state is None:
+        raise CheckpointError(f"{path} is a sharded checkpoint (written under torchrun); this reader takes only "
+                              "one-process checkpoints")
+    if not (path / DCP_DIR / ".metadata").is_file():
+        raise CheckpointError(f"{path}: missing {DCP_DIR}/.metadata")
+    fresh = [o for _, o in state.optimizers.values() if not o.state]
+    sd = state.state_dict(optimizers)  # gives a fresh optimizer its state, to be overwritten
+    try:
+        with warnings.catch_warnings():  # one process: DCP says it assumes so
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(sd, checkpoint_id=str(path / DCP_DIR), no_dist=not torch.distributed.is_initialized())
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP wraps every reader failure
+        for o in fresh:  # as it was: the next checkpoint tried may hold no optimizer state
+            o.state.clear()
+        raise CheckpointError(f"{path / DCP_DIR}: unreadable or does not match the model ({_dcp_reason(exc)}); "
+                              "was it written for another model?") from None
+    state.load_state_dict(sd)
+
+
+def _dcp_reason(exc: BaseException) -> str:
+    """The error line of what DCP raised (it wraps each rank's traceback in one message)."""
+    lines = [x.strip() for x in str(exc).strip().splitlines() if x.strip()]
+    errors = [x for x in lines if re.match(r"^[\w.]+(Error|Exception)\b", x)]
+    return (errors or lines or [type(exc).__name__])[-1][:300]
+
+
+def _load_one(path: Path, modules: dict[str, torch.nn.Module], sharded: Any = None, rank: int = 0) -> dict[str, Any]:
     meta = json.loads((path / "meta.json").read_text())
+    if meta.get("format") == "dcp":
+        _load_sharded(path, sharded, meta.get("optimizers", []))
+        state = _load_trainer_state(path)
+        saved = int(meta["world_size"])
+        state["rng"] = torch.load(path / f"rng-{rank % saved:05d}.pt", weights_only=True)
+        state["step"], state["format"], state["world_size"] = meta["step"], "dcp", saved
+        return state
     for key, module in modules.items():
         f = path / f"{key}.safetensors"
         if not f.is_file():
@@ -151,22 +270,31 @@ def _load_one(path: Path, modules: dict[str, torch.nn.Module]) -> dict[str, Any]
         if real_missing or unexpected:
             raise CheckpointError(f"{f}: does not match the model (missing {real_missing[:3]}, "
                                   f"unexpected {unexpected[:3]}); was it written for another model?")
+    state = _load_trainer_state(path)
+    state["step"], state["format"] = meta["step"], "safetensors"
+    return state
+
+
+def _load_trainer_state(path: Path) -> dict[str, Any]:
     try:
-        state = torch.load(path / "trainer.pt", weights_only=True)
+        return torch.load(path / "trainer.pt", weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()
         raise CheckpointError(
             f"{path / 'trainer.pt'}: refused: it holds pickled objects other than tensors and plain data, and "
             f"loading them could run code ({first[0][:200] if first else 'weights_only load failed'}). "
             "Resume only run directories written by memopd.train from a source you trust") from None
-    state["step"] = meta["step"]
-    return state
 
 
-def load_latest(run_dir: str | Path, modules: dict[str, torch.nn.Module]) -> tuple[dict[str, Any], Path]:
-    """Load the newest loadable checkpoint into ``modules``; returns (trainer_state, path).
+def load_latest(run_dir: str | Path, modules: dict[str, torch.nn.Module], sharded: Any = None,
+                rank: int = 0) -> tuple[dict[str, Any], Path]:
+    """Load the newest loadable checkpoint; returns (trainer_state, path).
 
-    A damaged newest checkpoint is reported and the previous one is tried.
+    A one-process checkpoint is read into ``modules`` (its optimizer state is in the returned
+    state); a sharded one into ``sharded`` (a :class:`memopd.distributed.ShardedState`, models and
+    optimizers both), with the RNG state saved by rank ``rank`` modulo the saved world size as
+    ``state["rng"]``. ``state["format"]`` says which it was. A damaged newest checkpoint is
+    reported and the previous one is tried.
     """
     candidates = list_checkpoints(run_dir)
     if not candidates:
@@ -176,7 +304,7 @@ def load_latest(run_dir: str | Path, modules: dict[str, torch.nn.Module]) -> tup
     errors = []
     for path in candidates:
         try:
-            state = _load_one(path, modules)
+            state = _load_one(path, modules, sharded, rank)
         except Exception as exc:  # corrupt safetensors/pickle raise many types
             errors.append(f"{path.name}: {exc}")
             continue

@@ -348,36 +348,20 @@ def _copy_into(dst: torch.Tensor, full: torch.Tensor, name: str) -> None:
 
 
 class FullState:
-    """A sharded module seen whole by :mod:`memopd.checkpoint`: ``state_dict()`` returns the
-    gathered state taken when this object was made (gathered by every rank beforehand, so that
-    only rank 0 writes), ``load_state_dict`` keeps each rank's shard of whole tensors."""
+    """A sharded module as :func:`memopd.checkpoint.load_latest` reads a one-process checkpoint
+    into it: ``load_state_dict`` takes whole tensors and keeps this rank's shards (so a run made by
+    one process continues under torchrun)."""
 
-    def __init__(self, module: torch.nn.Module, gather: bool = False):
+    def __init__(self, module: torch.nn.Module):
         self.module = module
-        self._full = full_state_dict(module) if gather else None
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        if self._full is None:
-            raise DistributedError("FullState made without gather=True has no gathered state to save")
-        return self._full
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True):
         return load_full_state_dict(self.module, state, strict=strict)
 
 
-def full_optimizer_state(opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's ``state_dict()`` with sharded state gathered: the same layout one process
-    writes (parameters by index in the optimizer's order), so checkpoints move across world sizes."""
-    sd = opt.state_dict()
-    state = {i: {k: (v.full_tensor() if _is_dtensor(v) else v).detach().to("cpu", copy=True)
-                 if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-             for i, s in sd["state"].items()}
-    return {"state": state, "param_groups": sd["param_groups"]}
-
-
 def load_full_optimizer_state(opt: torch.optim.Optimizer, sd: Mapping[str, Any]) -> None:
-    """Load a whole-tensor optimizer state (as :func:`full_optimizer_state` or one process writes
-    it), each rank keeping the shard of its parameters."""
+    """Load a whole-tensor optimizer state (as one process writes it: parameters by index in the
+    optimizer's order), each rank keeping the shard of its parameters."""
     params = [p for g in opt.param_groups for p in g["params"]]
     state = {}
     for i, s in sd["state"].items():
@@ -421,6 +405,47 @@ def publish_twin(twin: torch.nn.Module, sharded: torch.nn.Module, world: World) 
 
 
 # ------------------------------------------------------------------------------------------------
+# Sharded state for Distributed Checkpoint
+# ------------------------------------------------------------------------------------------------
+
+class ShardedState:
+    """What a Distributed Checkpoint (``torch.distributed.checkpoint``) of a run holds: each
+    model's and each optimizer's state as this rank's shards (DTensors under FSDP2, whole tensors
+    otherwise), keyed by parameter names, not by rank or position. DCP saves every rank's shards
+    in parallel and reshards on load, so a checkpoint written by N ranks loads into M ranks, or
+    into one process (no process group: then every tensor is read whole).
+
+    ``models`` maps a name to a module; ``optimizers`` maps a name to (the module whose
+    ``parameters()`` it optimizes, the optimizer). Use as DCP does: ``sd = state.state_dict()``,
+    ``dcp.load(sd, ...)``, ``state.load_state_dict(sd)``."""
+
+    def __init__(self, models: Mapping[str, torch.nn.Module],
+                 optimizers: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer]]):
+        self.models, self.optimizers = dict(models), dict(optimizers)
+
+    def state_dict(self, optimizers: Iterable[str] | None = None) -> dict[str, Any]:
+        """Models and the ``optimizers`` named (default: those holding state). An optimizer that has
+        not stepped yet has nothing to save, and asking torch for its state would make one by
+        stepping it once with zero gradients (its step count then runs one ahead of a run that
+        never saved): name it only to load saved state into it."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        names = [k for k, (_, o) in self.optimizers.items() if o.state] if optimizers is None else list(optimizers)
+        out: dict[str, Any] = {k: get_model_state_dict(m) for k, m in self.models.items()}
+        out.update({k: get_optimizer_state_dict(*self.optimizers[k]) for k in names})
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        for k, m in self.models.items():
+            set_model_state_dict(m, state[k])
+        for k, (m, o) in self.optimizers.items():
+            if k in state:
+                set_optimizer_state_dict(m, o, state[k])
+
+
+# ------------------------------------------------------------------------------------------------
 # Metrics
 # ------------------------------------------------------------------------------------------------
 
@@ -442,8 +467,8 @@ def main_only(world: World, fn: Callable[[], Any]) -> Any:
     return fn() if world.is_main else None
 
 
-__all__ = ["PARALLEL_MODES", "DistributedError", "FullState", "PackedStates", "SINGLE", "World", "all_max",
+__all__ = ["PARALLEL_MODES", "DistributedError", "FullState", "PackedStates", "SINGLE", "ShardedState", "World", "all_max",
            "all_min", "all_sum", "all_sum_tensor", "assign_episodes", "barrier", "check_batch", "clip_grad_norm",
-           "decoder_layers", "episode_tokens", "full_optimizer_state", "full_state_dict", "gather_objects",
+           "decoder_layers", "episode_tokens", "full_state_dict", "gather_objects",
            "from_rank0", "launched_rank", "launched_size", "load_full_optimizer_state", "load_full_state_dict",
            "publish_twin", "question_share", "restarted", "setup", "shutdown", "sync_twin", "weighted_stats", "wrap"]

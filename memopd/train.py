@@ -572,31 +572,24 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint this step, with the metrics rows logged at it: a resume rewrites
         ``metrics.jsonl`` as the rows before this step plus these, so a kill on either side of a
-        row's write never duplicates or loses it."""
+        row's write never duplicates or loses it. Under torchrun every rank writes its shards
+        (a Distributed Checkpoint, :func:`memopd.checkpoint.save_sharded`)."""
+        common = {"scheduler": self.sched.state_dict(), "bad_steps": self.bad_steps, "history": self.history,
+                  "rows": list(self.step_rows)}
         if self.world.enabled:
-            return self._save_gathered()
-        state = {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+            return checkpoint.save_sharded(self.run_dir, self.step, self.sharded_state(), common, self.world,
+                                           keep=self.cfg.keep_checkpoints)
+        state = {"optimizer": self.opt.state_dict(),
                  "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt else None,
-                 "rng": checkpoint.rng_state(), "bad_steps": self.bad_steps, "history": self.history,
-                 "rows": list(self.step_rows)}
+                 "rng": checkpoint.rng_state(), **common}
         return checkpoint.save(self.run_dir, self.step, self.modules(), state, keep=self.cfg.keep_checkpoints)
 
-    def _save_gathered(self) -> Path:
-        """Under torchrun: every rank gathers the whole weights and optimizer state (collectives)
-        and rank 0 writes them in the one-process layout, so a run resumes at any world size;
-        every rank's RNG state is kept (``rng_ranks``)."""
-        mods = {k: distributed.FullState(m, gather=True) if k != "ref" else m for k, m in self.modules().items()}
-        opt = distributed.full_optimizer_state(self.opt)
-        critic_opt = distributed.full_optimizer_state(self.critic_opt) if self.critic_opt else None
-        rngs = distributed.gather_objects(checkpoint.rng_state(), self.world)
-        path = checkpoint.step_dir(self.run_dir, self.step)
-        if self.world.is_main:
-            state = {"optimizer": opt, "scheduler": self.sched.state_dict(), "critic_optimizer": critic_opt,
-                     "rng": rngs[0], "rng_ranks": rngs, "bad_steps": self.bad_steps, "history": self.history,
-                     "rows": list(self.step_rows)}
-            path = checkpoint.save(self.run_dir, self.step, mods, state, keep=self.cfg.keep_checkpoints)
-        distributed.barrier(self.world)  # no rank goes on before the checkpoint is complete
-        return path
+    def sharded_state(self) -> distributed.ShardedState:
+        """The models and optimizers as Distributed Checkpoint saves and loads them."""
+        optimizers = {"optimizer": (self.student, self.opt)}
+        if self.critic_opt is not None:
+            optimizers["critic_optimizer"] = (self.critic, self.critic_opt)
+        return distributed.ShardedState(self.modules(), optimizers)
 
     def log_row(self, metrics: dict[str, Any], save: bool = False) -> None:
         """Record a metrics row of the current step; with ``save``, checkpoint first (row included)."""
@@ -606,16 +599,21 @@ class Trainer:
         self.logger.log(self.step, metrics)
 
     def restore(self) -> None:
+        """Continue from the newest complete checkpoint, written by one process (safetensors) or
+        by any number of ranks (sharded), at this run's world size."""
         if self.cfg.ref_beta > 0:
             self.ref = copy.deepcopy(self.twin).requires_grad_(False)
-        if self.world.enabled:
-            state, path = self._restore_gathered()
-        else:
-            state, path = checkpoint.load_latest(self.run_dir, self.modules())
-            self.opt.load_state_dict(state["optimizer"])
-            if self.critic_opt is not None and state.get("critic_optimizer"):
-                self.critic_opt.load_state_dict(state["critic_optimizer"])
-            checkpoint.set_rng_state(state["rng"])
+        whole = {k: distributed.FullState(m) if self.world.enabled and k != "ref" else m
+                 for k, m in self.modules().items()}
+        state, path = checkpoint.load_latest(self.run_dir, whole, self.sharded_state(), self.world.rank)
+        if state["format"] == "safetensors":  # one-process layout: whole optimizer state, one RNG state
+            for opt, saved in [(self.opt, state["optimizer"]), (self.critic_opt, state.get("critic_optimizer"))]:
+                if opt is not None and saved:
+                    distributed.load_full_optimizer_state(opt, saved)
+            rngs = state.get("rng_ranks") or [state["rng"]]  # gathered by rank 0 in earlier versions
+            state["rng"] = rngs[self.world.rank % len(rngs)]
+        checkpoint.set_rng_state(state["rng"])
+        distributed.sync_twin(self.student, self.twin)
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.bad_steps, self.history = state["step"], state["bad_steps"], state["history"]
         self.step_rows = list(state.get("rows", []))
@@ -624,19 +622,6 @@ class Trainer:
         self.log(f"resumed from {path} at step {self.step}")
         if self.world.is_main:
             self._record_changes()
-
-    def _restore_gathered(self) -> tuple[dict[str, Any], Path]:
-        """Under torchrun: every rank reads the whole checkpoint (written by any world size) and
-        keeps its shards; a rank takes its own saved RNG state (rank modulo the saved world)."""
-        mods = {k: distributed.FullState(m) if k != "ref" else m for k, m in self.modules().items()}
-        state, path = checkpoint.load_latest(self.run_dir, mods)
-        distributed.load_full_optimizer_state(self.opt, state["optimizer"])
-        if self.critic_opt is not None and state.get("critic_optimizer"):
-            distributed.load_full_optimizer_state(self.critic_opt, state["critic_optimizer"])
-        rngs = state.get("rng_ranks") or [state["rng"]]
-        checkpoint.set_rng_state(rngs[self.world.rank % len(rngs)])
-        distributed.sync_twin(self.student, self.twin)
-        return state, path
 
     def _record_changes(self) -> None:
         """Settings a resume changed (e.g. more --steps): written to config.toml, with a comment

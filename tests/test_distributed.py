@@ -60,6 +60,43 @@ def test_a_batch_smaller_than_the_world_is_refused():
 
 
 # ------------------------------------------------------------------------------------------------
+# sharded checkpoints, read back in one process
+# ------------------------------------------------------------------------------------------------
+
+def _model_and_opt(seed: int):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    return m, torch.optim.AdamW(m.parameters(), lr=0.1)
+
+
+def test_a_sharded_checkpoint_round_trips_and_a_fresh_optimizer_is_not_stepped(tmp_path):
+    m, opt = _model_and_opt(0)
+    state = distributed.ShardedState({"student": m}, {"optimizer": (m, opt)})
+    checkpoint.save_sharded(tmp_path, 0, state, {"history": {}}, distributed.SINGLE)
+    assert not opt.state  # saving before the first update leaves the optimizer as it was
+    m(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    checkpoint.save_sharded(tmp_path, 1, state, {"history": {"x": 1}}, distributed.SINGLE)
+    m2, opt2 = _model_and_opt(1)
+    saved, path = checkpoint.load_latest(tmp_path, {}, distributed.ShardedState({"student": m2},
+                                                                                {"optimizer": (m2, opt2)}))
+    assert (path.name, saved["step"], saved["format"], saved["history"]) == ("step-000001", 1, "dcp", {"x": 1})
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+    for s, s2 in zip(opt.state.values(), opt2.state.values()):
+        assert all(torch.equal(s[k], s2[k]) for k in s)
+    # a damaged newest checkpoint: the previous one is loaded, with a warning; it holds no optimizer state
+    for f in (path / checkpoint.DCP_DIR).glob("*.distcp"):
+        f.write_bytes(b"garbage")
+    m3, opt3 = _model_and_opt(2)
+    with pytest.warns(RuntimeWarning, match="step-000001"):
+        saved, path = checkpoint.load_latest(tmp_path, {}, distributed.ShardedState({"student": m3},
+                                                                                    {"optimizer": (m3, opt3)}))
+    assert path.name == "step-000000" and not opt3.state
+    with pytest.raises(checkpoint.CheckpointError, match="sharded checkpoint"):
+        checkpoint.load_latest(tmp_path, {"student": m3})
+
+
+# ------------------------------------------------------------------------------------------------
 # equivalence: 2 ranks == 1 process on identical episodes
 # ------------------------------------------------------------------------------------------------
 
@@ -229,36 +266,71 @@ def test_torchrun_two_ranks_train_and_rank_zero_alone_writes(two_rank_run):
                                                      "metrics.jsonl", "model", "summary.json"]
     assert [p.name for p in checkpoint.list_checkpoints(run)] == ["step-000003", "step-000002"]
     assert (run / "model" / "config.json").is_file()
+    # sharded checkpoints: every rank wrote its shards (Distributed Checkpoint) and its RNG state
+    ckpt = run / "checkpoints" / "step-000003"
+    assert checkpoint.is_sharded(ckpt)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["dcp", "meta.json", "rng-00000.pt", "rng-00001.pt",
+                                                      "trainer.pt"]
+    assert sorted(p.name for p in (ckpt / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def _truncate(run: Path, dest: Path, step: int) -> Path:
+    """A copy of ``run`` as it was when checkpoint ``step`` was its newest (later ones removed)."""
+    import shutil
+
+    shutil.copytree(run, dest)
+    for p in checkpoint.list_checkpoints(dest):
+        if int(p.name.split("-")[1]) > step:
+            shutil.rmtree(p)
+    (dest / "checkpoints" / "latest").write_text(f"step-{step:06d}")
+    shutil.rmtree(dest / "model")
+    return dest
+
+
+@pytest.mark.slow
+def test_sharded_resume_at_the_same_world_size_is_exact(two_rank_run, tmp_path):
+    """Killed after checkpoint 2 and resumed with 2 ranks: step 3 is the uninterrupted run's step 3."""
+    run, _ = two_rank_run
+    again = _truncate(run, tmp_path / "again", 2)
+    p = _torchrun(2, ["--resume", str(again)])
+    out = _finish(p, 600)
+    assert p.returncode == 0, out[-3000:]
+    _same(_train_rows(again), _train_rows(run))
+    a, b = load_file(str(again / "model" / "model.safetensors")), load_file(str(run / "model" / "model.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
 
 @pytest.mark.slow
 def test_resume_at_another_world_size_in_both_directions(two_rank_run, tmp_path):
-    """Checkpoints hold whole weights and optimizer state: 2 ranks -> 1 process and 1 -> 2."""
-    import shutil
-
+    """A sharded checkpoint resumes in one process (DCP reshards it whole), and a one-process
+    checkpoint resumes under torchrun: 2 ranks -> 1 process -> 2 ranks."""
     run, _ = two_rank_run
-    # 2 -> 1: copy the run back to its step-2 checkpoint and continue alone
-    one = tmp_path / "one"
-    shutil.copytree(run, one)
-    shutil.rmtree(one / "checkpoints" / "step-000003")
-    (one / "checkpoints" / "latest").write_text("step-000002")
-    cfg = train.prepare(train.cfgmod.parse_args(train.TrainConfig, ["--resume", str(one), "--no-progress"], "t", ""),
-                        {"progress"})
+    one = _truncate(run, tmp_path / "one", 3)
+    cfg = train.prepare(train.cfgmod.parse_args(train.TrainConfig, ["--resume", str(one), "--no-progress",
+                                                                      "--steps", "4"], "t", ""), {"progress", "steps"})
     trainer = train.Trainer(cfg, log=lambda m: None)
     trainer.restore()  # what fit() does first
-    ckpt = one / "checkpoints" / "step-000002"
-    saved = load_file(str(ckpt / "student.safetensors"))
-    assert all(torch.equal(v, saved[k]) for k, v in trainer.student.state_dict().items() if k in saved)
-    saved_opt = torch.load(ckpt / "trainer.pt", weights_only=True)["optimizer"]
-    assert all(torch.equal(trainer.opt.state_dict()["state"][i]["exp_avg"], s["exp_avg"])
-               for i, s in saved_opt["state"].items())
+    # the reference: the whole weights the 2-rank run exported at step 3 (gathered, not read by DCP)
+    final = load_file(str(run / "model" / "model.safetensors"))
+    assert all(torch.equal(v, final[k]) for k, v in trainer.student.state_dict().items() if k in final)
+    opt = trainer.opt.state_dict()["state"]
+    assert len(opt) == len(list(trainer.student.parameters()))
+    assert {float(s["step"]) for s in opt.values()} == {3.0 * cfg.ppo_epochs}  # one minibatch an epoch
+    assert all(s["exp_avg_sq"].abs().sum() > 0 for s in opt.values())
     trainer._train()
-    assert [r["step"] for r in _train_rows(one)] == [1, 2, 3]
-    # 1 -> 2: the one-process run resumed by 2 ranks for one more step
-    p = _torchrun(2, ["--resume", str(one), "--steps", "4"])
+    assert [r["step"] for r in _train_rows(one)] == [1, 2, 3, 4]
+    assert not checkpoint.is_sharded(checkpoint.list_checkpoints(one)[0])  # one process writes safetensors
+    # 1 -> 2: the one-process checkpoint resumed by 2 ranks for one more step
+    p = _torchrun(2, ["--resume", str(one), "--steps", "5"])
     out = _finish(p, 600)
     assert p.returncode == 0, out[-3000:]
-    assert [r["step"] for r in _train_rows(one)] == [1, 2, 3, 4]
+    assert [r["step"] for r in _train_rows(one)] == [1, 2, 3, 4, 5]
+    # the one-process reader of a run directory (memopd.eval --model RUN) takes a sharded checkpoint
+    from agents.models import load
+
+    model, _ = load(_truncate(run, tmp_path / "read", 3))
+    assert all(torch.equal(v, final[k]) for k, v in model.state_dict().items() if k in final)
 
 
 @pytest.mark.slow
