@@ -36,6 +36,7 @@ else:  # pragma: no cover
 C = TypeVar("C")
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 class ConfigError(ValueError):
@@ -85,7 +86,25 @@ class TrainingOptions(Config):
     pack_tokens: int = field(4096, help="token budget of one packed row", range=(64, None))
     attn: str | None = field(None, help="attention lowering: sdpa, eager, blocks (CPU) or flex, flash (GPU); "
                                         "default by device", choices=LOWERINGS)
+    dtype: str = field("float32", help="compute dtype of forward and backward passes: bfloat16 runs them under "
+                                       "torch.autocast with the weights and optimizer state kept in fp32 (bf16 "
+                                       "weights lose the small updates of fine-tuning); measured slower than "
+                                       "float32 on a CPU without AMX (docs/BENCHMARKS.md)", choices=COMPUTE_DTYPES)
     progress: bool = field(True, help="progress bars")
+
+
+def compute_dtype(dtype: str, device: str) -> Any:
+    """The context every forward and backward pass of a trainer runs in: nothing for float32,
+    ``torch.autocast(device, bfloat16)`` for bfloat16 (weights and optimizer state stay fp32)."""
+    import contextlib
+
+    import torch
+
+    if dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {list(COMPUTE_DTYPES)}")
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, floor: float = 0.0) -> Callable[[int], float]:

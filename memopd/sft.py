@@ -118,6 +118,8 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
                "lr": sched.get_last_lr()[0]}
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", refresh=False)
+        if not progress and (step + 1) % max(1, cfg.steps // 10) == 0:  # a real model takes minutes: say so
+            log(f"sft step {step + 1}/{cfg.steps}: loss {row['loss']:.4f}, {row['tokens_per_s']:.0f} tokens/s")
     bar.close()
     model.eval()
     return history
@@ -160,7 +162,9 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
         print(f"Generating {cfg.num_episodes} oracle trajectories on {cfg.env} ...", file=sys.stderr)
         episodes = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, cfg.num_episodes, cfg.seed, progress=progress)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress)
+    with cfgmod.compute_dtype(cfg.dtype, cfg.device):
+        history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress,
+                            log=lambda m: print(m, file=sys.stderr, flush=True))
     save_pretrained(out, model, tokenizer, files={
         "sft_config.json": json.dumps(dataclasses.asdict(cfg), indent=2),
         "sft_metrics.jsonl": "".join(json.dumps(r) + "\n" for r in history)})

@@ -485,7 +485,8 @@ class Trainer:
             self.opt, cfgmod.lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
         self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
                            if self.critic is not None else None)
-        self.audit = (RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn, strict=False)
+        self.audit = (RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn, strict=False,
+                                   tolerance=1e-1 if cfg.dtype == "bfloat16" else None)  # autocast: bf16's bound
                       if cfg.audit_every else None)
         self.step = 0
         self.bad_steps = 0
@@ -930,15 +931,16 @@ class Trainer:
         """Train to ``cfg.steps`` (from the last checkpoint with ``cfg.resume``); writes the final
         model to ``RUN_DIR/model`` and ``summary.json``. A start that fails before its first
         checkpoint removes the run directory it made."""
-        try:
-            if self.cfg.resume:
-                self.restore()
-            else:
-                self._start()
-        except BaseException:
-            self._discard_failed_start()
-            raise
-        return self._train()
+        with cfgmod.compute_dtype(self.cfg.dtype, self.cfg.device):  # rollouts, teacher, updates, evals
+            try:
+                if self.cfg.resume:
+                    self.restore()
+                else:
+                    self._start()
+            except BaseException:
+                self._discard_failed_start()
+                raise
+            return self._train()
 
     def _start(self) -> None:
         cfg = self.cfg

@@ -70,3 +70,23 @@ def test_unwritable_output_fails_before_training(tmp_path, capsys, monkeypatch):
     assert sft.main(FAST + ["--out", str(tmp_path / "file" / "out")]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("error: --out: ") and "is a file, not a directory" in err
+
+
+def test_bfloat16_computes_under_autocast_and_keeps_fp32_weights(tmp_path, capsys):
+    """--dtype bfloat16: the passes run in bf16, the saved weights (the fp32 master copy) stay fp32;
+    without progress bars the SFT still says how it goes."""
+    import torch
+
+    from agents import models
+    from memopd.config import compute_dtype
+
+    out = tmp_path / "out"
+    assert sft.main(FAST + ["--out", str(out), "--dtype", "bfloat16", "--steps", "2"]) == 0
+    assert json.loads((out / "sft_config.json").read_text())["dtype"] == "bfloat16"
+    assert "sft step 2/2: loss" in capsys.readouterr().err
+    model, _ = models.load(out)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    with compute_dtype("bfloat16", "cpu"):
+        assert model(torch.tensor([[1, 2, 3]])).logits.dtype == torch.bfloat16
+    with pytest.raises(Exception, match="dtype"):
+        sft.SFTConfig(dtype="float16")
