@@ -218,6 +218,24 @@ def test_export_cli_refuses_an_existing_output_and_a_non_model(trained, tmp_path
     assert "has no config.json" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
+def test_bf16_export_is_half_the_size_and_loads_back_as_fp32(trained, tmp_path):
+    import torch
+
+    from agents import models
+    from memopd import export
+
+    run, trainer = trained
+    size = {}
+    for dtype in ("float32", "bfloat16"):
+        assert export.main([str(run), "--out", str(tmp_path / dtype), "--dtype", dtype]) == 0
+        size[dtype] = sum(f.stat().st_size for f in (tmp_path / dtype).glob("*.safetensors"))
+    assert 0.45 < size["bfloat16"] / size["float32"] < 0.55
+    model, _ = models.load(tmp_path / "bfloat16")
+    want = trainer.student.state_dict()
+    for k, v in model.state_dict().items():
+        assert v.dtype == torch.float32 and torch.equal(v, want[k].to(torch.bfloat16).float())
+
+
 def test_evaluating_the_export_gives_the_in_process_greedy_outputs(trained, tmp_path):
     from agents import models
     from agents.backends import GenerationRequest, HFBackend, SamplingParams
