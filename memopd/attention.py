@@ -489,12 +489,26 @@ def _register_blocks() -> None:
         AttentionInterface.register(BLOCKS_IMPLEMENTATION, blockwise_attention)
 
 
+_SWITCHED: list[tuple[torch.nn.Module, str]] = []
+"""(model, implementation) of every :func:`attn_implementation` context open now, innermost last."""
+
+
 @contextlib.contextmanager
 def attn_implementation(model: torch.nn.Module, lowering: str) -> Iterator[None]:
     """Temporarily switch a transformers model to the attention implementation of a lowering."""
     want = HF_IMPLEMENTATION[lowering]
     if lowering == "blocks":
         _register_blocks()
+    _SWITCHED.append((model, want))
+    try:
+        with _implementation(model, want):
+            yield
+    finally:
+        _SWITCHED.pop()
+
+
+@contextlib.contextmanager
+def _implementation(model: torch.nn.Module, want: str) -> Iterator[None]:
     before = getattr(model.config, "_attn_implementation", None)
     if before == want:
         yield
@@ -504,6 +518,33 @@ def attn_implementation(model: torch.nn.Module, lowering: str) -> Iterator[None]
         yield
     finally:
         model.set_attn_implementation(before)
+
+
+@contextlib.contextmanager
+def _restored(switched: list[tuple[torch.nn.Module, str]]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for model, want in switched:
+            stack.enter_context(_implementation(model, want))
+        yield
+
+
+def _checkpoint_contexts() -> tuple[Any, Any]:
+    """``context_fn`` of activation checkpointing: the forward runs as it is; its recomputation
+    (in the backward, after the packed call's :func:`attn_implementation` has ended) runs under the
+    attention implementations that were switched on when the forward ran."""
+    return contextlib.nullcontext(), _restored(list(_SWITCHED))
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Per-layer activation checkpointing (transformers') that recomputes every layer under the
+    attention lowering of its forward: a packed lowering is switched on only around the packed
+    call, so a plain checkpoint would recompute with the model's default attention, without the
+    packed visibility (torch refuses it: a different number of saved tensors)."""
+    kwargs = {"use_reentrant": False, "context_fn": _checkpoint_contexts}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers before the rename
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -548,6 +589,6 @@ def _packed_hidden(model: torch.nn.Module, batch: PackedBatch, lowering: str, wi
 
 __all__ = ["LOWERINGS", "FlashLayout", "UnsupportedLoweringError", "additive_mask", "allowed_mask",
            "attn_implementation", "base_model", "block_spans", "blockwise_attention", "blocks_supported", "call_index",
-           "check_supported", "choose_lowering", "dense_masks", "effective_windows", "flash_layout", "flex_inputs",
+           "check_supported", "choose_lowering", "dense_masks", "effective_windows", "enable_activation_checkpointing", "flash_layout", "flex_inputs",
            "layer_windows", "packed_hidden_states", "preferred_lowerings", "resolve_lowering", "token_prefix",
            "verify_lowering"]

@@ -90,7 +90,21 @@ class TrainingOptions(Config):
                                        "torch.autocast with the weights and optimizer state kept in fp32 (bf16 "
                                        "weights lose the small updates of fine-tuning); measured slower than "
                                        "float32 on a CPU without AMX (docs/BENCHMARKS.md)", choices=COMPUTE_DTYPES)
+    gradient_checkpointing: bool = field(False, help="recompute each decoder layer's activations in the backward "
+                                                     "pass instead of keeping them: far less memory for a real "
+                                                     "model's packed rows, for more compute (docs/BENCHMARKS.md)")
     progress: bool = field(True, help="progress bars")
+
+
+def prepare_model(model: Any, options: TrainingOptions) -> Any:
+    """Apply the memory options of ``options`` to a model about to be trained; returns it."""
+    if options.gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ConfigError(f"--gradient-checkpointing: {type(model).__name__} does not support it")
+        from memopd.attention import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
+    return model
 
 
 def compute_dtype(dtype: str, device: str) -> Any:

@@ -146,6 +146,7 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load(cfg.model, device=cfg.device)
+    cfgmod.prepare_model(model, cfg)
     if cfg.episodes:
         report = load_episodes(cfg.episodes)
         for line, msg in report.errors:

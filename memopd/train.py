@@ -463,6 +463,7 @@ class Trainer:
         check_mirrors(cfg.tensorboard, cfg.wandb_project)
         self.run_dir = Path(cfg.run_dir)
         self.student, self.tokenizer = load(cfg.model, device=cfg.device)
+        cfgmod.prepare_model(self.student, cfg)
         check_env_settings(cfg, self.tokenizer)
         self.teacher = self.teacher_tok = None
         if cfg.opd_coef > 0:

@@ -217,3 +217,27 @@ def test_learner_clis_fail_like_tools(setup, tmp_path, capsys, cli):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "error: " in err and needle in err and "Traceback" not in err, (argv, err)
+
+
+@pytest.mark.parametrize("lowering", ["blocks", "sdpa"])
+def test_activation_checkpointing_gives_the_same_gradients(setup, lowering):
+    """Checkpointed layers are recomputed in the backward, after the packed call switched its
+    attention lowering off: they must recompute under the lowering of their forward."""
+    import copy
+
+    from memopd.attention import enable_activation_checkpointing
+
+    model, _, batch, _ = setup
+
+    def grads(m):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        packed_hidden_states(m, batch, lowering).square().mean().backward()
+        return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    plain = copy.deepcopy(model)
+    checkpointed = copy.deepcopy(model)
+    enable_activation_checkpointing(checkpointed)
+    want, got = grads(plain), grads(checkpointed)
+    assert want.keys() == got.keys() and len(want) > 0
+    assert max((want[n] - got[n]).abs().max().item() for n in want) < 1e-6

@@ -90,3 +90,13 @@ def test_bfloat16_computes_under_autocast_and_keeps_fp32_weights(tmp_path, capsy
         assert model(torch.tensor([[1, 2, 3]])).logits.dtype == torch.bfloat16
     with pytest.raises(Exception, match="dtype"):
         sft.SFTConfig(dtype="float16")
+
+
+def test_gradient_checkpointing_trains_the_same(tmp_path):
+    """--gradient-checkpointing recomputes the layers in the backward: the same losses as without."""
+    losses = {}
+    for flag in ("--no-gradient-checkpointing", "--gradient-checkpointing"):
+        out = tmp_path / flag
+        assert sft.main(FAST + ["--out", str(out), "--steps", "3", flag]) == 0
+        losses[flag] = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    assert losses["--gradient-checkpointing"] == pytest.approx(losses["--no-gradient-checkpointing"], abs=1e-5)
