@@ -169,14 +169,15 @@ def timing(lowerings: list[str]) -> None:
 
 
 def multi_gpu_check(ranks: int, device: str) -> bool:
-    """A few training steps with ``ranks`` processes (FSDP2, then DDP) and with one."""
+    """A few training steps with ``ranks`` processes (FSDP2, DDP, FSDP2 with a sharded teacher) and
+    with one."""
     import json
     import os
     import socket
     import subprocess
     import tempfile
 
-    def train(tmp: str, name: str, n: int, parallel: str) -> list[dict] | None:
+    def train(tmp: str, name: str, n: int, parallel: str, extra: tuple[str, ...] = ()) -> list[dict] | None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -185,7 +186,8 @@ def multi_gpu_check(ranks: int, device: str) -> bool:
         args = ["-m", "memopd.train", "--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--steps", "3",
                 "--questions-per-step", "4", "--group-size", "2", "--max-new-tokens", "16", "--eval-episodes", "2",
                 "--eval-every", "0", "--student-warmup-steps", "0", "--teacher", "tiny-teacher", "--audit-every", "3",
-                "--no-progress", "--threads", "1", "--device", device, "--parallel", parallel, "--run-dir", str(run)]
+                "--no-progress", "--threads", "1", "--device", device, "--parallel", parallel, "--run-dir", str(run),
+                *extra]
         done = subprocess.run((launch if n > 1 else [sys.executable]) + args, capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode != 0:
@@ -204,6 +206,8 @@ def multi_gpu_check(ranks: int, device: str) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         results = [train(tmp, "1 process", 1, "fsdp")] + [train(tmp, f"{ranks} ranks {p}", ranks, p)
                                                           for p in ("fsdp", "ddp")]
+        results.append(train(tmp, f"{ranks} ranks fsdp, sharded teacher", ranks, "fsdp",
+                             ("--teacher-parallel", "fsdp")))
     return all(r is not None for r in results)
 
 

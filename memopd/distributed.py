@@ -276,6 +276,16 @@ def wrap(module: torch.nn.Module, layers: Iterable[torch.nn.Module], mode: str, 
     return module
 
 
+def whole_head(head: Any) -> Any:
+    """A copy of a model's output head (:class:`memopd.heads.OutputHead`) with its own whole
+    weights, taken before the model is sharded: a sharded teacher's head is applied to its
+    gathered states long after its forward (in every KL chunk of every minibatch)."""
+    import copy
+    import dataclasses
+
+    return dataclasses.replace(head, lm_head=copy.deepcopy(head.lm_head).requires_grad_(False))
+
+
 def _is_dtensor(t: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
@@ -471,4 +481,5 @@ __all__ = ["PARALLEL_MODES", "DistributedError", "FullState", "PackedStates", "S
            "all_min", "all_sum", "all_sum_tensor", "assign_episodes", "barrier", "check_batch", "clip_grad_norm",
            "decoder_layers", "episode_tokens", "full_state_dict", "gather_objects",
            "from_rank0", "launched_rank", "launched_size", "load_full_optimizer_state", "load_full_state_dict",
-           "publish_twin", "question_share", "restarted", "setup", "shutdown", "sync_twin", "weighted_stats", "wrap"]
+           "publish_twin", "question_share", "restarted", "setup", "shutdown", "sync_twin", "weighted_stats", "whole_head",
+           "wrap"]

@@ -145,6 +145,10 @@ class TrainConfig(TrainingOptions):
     # several processes (torchrun; see README "Scale out")
     parallel: str = field("fsdp", help="data parallelism of the student and critic under torchrun: FSDP2 "
                                        "sharding (fsdp) or whole replicas (ddp)", choices=distributed.PARALLEL_MODES)
+    teacher_parallel: str = field("replicate", help="the teacher under torchrun: a whole copy on every rank "
+                                                    "(replicate) or sharded with FSDP2 for its forward (fsdp: each "
+                                                    "rank holds 1/N of it, plus a whole copy of its output head)",
+                                  choices=("replicate", "fsdp"))
     dist_timeout: float = field(600.0, help="seconds any collective may wait for the other ranks before the job "
                                             "fails (a dead rank ends the run instead of hanging it)",
                                 range=(1.0, None))
@@ -290,6 +294,7 @@ class Roller:
         self.cfg = cfg
         self.questions = (0, cfg.questions_per_step)  # (first, count): a rank's share under torchrun
         self.run_tag = ""  # tells the group ids of ranks apart
+        self.world = distributed.SINGLE  # evaluations are split across the ranks of this world
         self.model = model
         self.backend = (HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed) if cfg.backend == "hf"
                         else self._engine(cfg, model, tokenizer))
@@ -380,15 +385,17 @@ class Roller:
         from agents.rollout import rollout
         from memgym.scoring import aggregate
 
+        first, count = distributed.question_share(self.cfg.eval_episodes, self.world)  # test episode g: seed 10_000+g
         self._sync()
         try:
-            eps = rollout(self.test_envs, self._agent(True, 0), self.cfg.eval_episodes, seed=10_000,
+            eps = rollout(self.test_envs, self._agent(True, 0), count, seed=10_000 + first,
                           progress=self.cfg.progress, run_id="eval")
         finally:
             self._rest()
         self.check(eps)
-        agg = aggregate([e.metrics for e in eps])
-        return {k: float(agg[k]) for k in ("em", "f1", "sub_em")}
+        mine = [{**e.metrics, "gen_tokens": sum(len(i.response_ids) for i in e.invocations)} for e in eps]
+        agg = aggregate([m for part in distributed.gather_objects(mine, self.world) for m in part])
+        return {k: float(agg.get(k, 0.0)) for k in ("em", "f1", "sub_em", "gen_tokens")}  # gen_tokens: per episode
 
 
 # ------------------------------------------------------------------------------------------------
@@ -452,6 +459,10 @@ class Trainer:
         set_threads(cfg.threads)
         self.world = distributed.setup(cfg.device, cfg.dist_timeout)  # one process: nothing to join
         distributed.check_batch(self.world, cfg.questions_per_step, cfg.group_size)
+        if self.world.enabled and cfg.backend != "hf":
+            distributed.shutdown()
+            raise ConfigError(f"--backend {cfg.backend} runs in one process only in this version; under torchrun "
+                              "use --backend hf (each rank samples with a whole copy of the student)")
         if not self.world.is_main:  # only rank 0 logs and draws progress bars
             cfg, log = dataclasses.replace(cfg, progress=False), _quiet
             from transformers.utils import logging as hf_logging
@@ -481,6 +492,7 @@ class Trainer:
         if self.world.enabled:
             self.roller.questions = distributed.question_share(cfg.questions_per_step, self.world)
             self.roller.run_tag = f"-r{self.world.rank}"
+            self.roller.world = self.world
         self.opt = torch.optim.AdamW(self.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, cfgmod.lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
@@ -510,6 +522,7 @@ class Trainer:
         from memopd.heads import output_head
 
         self.student_fwd, self.critic_fwd, self.head = None, self.critic, None
+        self.teacher_fwd = self.teacher_head = None
         if not self.world.enabled:
             return self.student
         cfg, world = self.cfg, self.world
@@ -521,6 +534,27 @@ class Trainer:
             self.critic_fwd = distributed.wrap(self.critic, distributed.decoder_layers(self.critic.lm), cfg.parallel,
                                                cfg.device, world)
         return twin
+
+    def _shard_teacher(self) -> None:
+        """``--teacher-parallel fsdp``: shard the teacher, once its whole-weight uses are over (the
+        held-out evaluation of a fresh run generates with it)."""
+        from memopd.heads import output_head
+
+        self.teacher_head = distributed.whole_head(output_head(self.teacher))  # applied after the forward
+        self.teacher_fwd = distributed.wrap(distributed.PackedStates(self.teacher),
+                                            distributed.decoder_layers(self.teacher), "fsdp", self.cfg.device,
+                                            self.world)
+
+    def _teacher_states(self, batch: PackedBatch) -> ActionStates:
+        """The teacher's states at a batch's action tokens (no grad). A sharded teacher runs its
+        packed forward on every rank at once (one call a step each: FSDP2 gathers layer by layer)."""
+        if self.teacher_fwd is None and self.world.enabled and self.cfg.teacher_parallel == "fsdp":
+            self._shard_teacher()
+        if self.teacher_fwd is None:
+            return action_states(self.teacher, batch, lowering=self.cfg.attn).detach()
+        hidden = self.teacher_fwd(batch, self.cfg.attn)
+        self.teacher_fwd.reshard()  # FSDP2 keeps a root's weights gathered after its forward, for a backward
+        return ActionStates(hidden.detach(), self.teacher_head, batch.temperatures.to(hidden.device))
 
     def _student_states(self, mb: PackedBatch) -> ActionStates:
         """The student's states at a minibatch's action tokens (through the FSDP2/DDP wrapper
@@ -700,7 +734,7 @@ class Trainer:
                     # a flattened transcript cannot be split across rows: widen rows to fit it
                     local, fitting_budget(local, "persistent", cfg.pack_tokens), mode="persistent",
                     teacher_roles=teacher_roles, pad_token_id=_pad_id(self.tokenizer))
-                teacher_states = action_states(self.teacher, tb, lowering=cfg.attn).detach()
+                teacher_states = self._teacher_states(tb)
 
         # updates -------------------------------------------------------------------------------
         roles = role_masks(batch, local)
@@ -952,8 +986,9 @@ class Trainer:
             self.ref = copy.deepcopy(self.twin).requires_grad_(False)
         if self.teacher is not None:
             # on hf: a second in-process vLLM engine would tear down the student engine's state when freed
-            self.history["eval_teacher"] = Roller(dataclasses.replace(cfg, backend="hf"), self.teacher,
-                                                  self.teacher_tok).evaluate()
+            judge = Roller(dataclasses.replace(cfg, backend="hf"), self.teacher, self.teacher_tok)
+            judge.world = self.world
+            self.history["eval_teacher"] = judge.evaluate()
             self.log(f"teacher held-out: F1 {self.history['eval_teacher']['f1']:.3f}  "
                      f"EM {self.history['eval_teacher']['em']:.3f}  ({cfg.eval_episodes} test episodes)")
         self.history["eval_before"] = self.roller.evaluate()

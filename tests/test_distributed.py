@@ -29,7 +29,8 @@ FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions
         "--teacher", "tiny-teacher", "--no-progress", "--pack-tokens", "1024", "--threads", "1"]
 EQUIV = ["--ppo-epochs", "1", "--entropy-coef", "0.01", "--sample-episodes", "4"]
 ARMS = {"fsdp-grpo": ["--parallel", "fsdp"], "ddp-grpo": ["--parallel", "ddp"],
-        "fsdp-gae": ["--parallel", "fsdp", "--advantage", "gae", "--ref-beta", "0.1"]}
+        "fsdp-gae": ["--parallel", "fsdp", "--advantage", "gae", "--ref-beta", "0.1"],
+        "fsdp-sharded-teacher": ["--parallel", "fsdp", "--teacher-parallel", "fsdp"]}
 LAYOUT = {"tokens_per_s", "rollout_s", "step_s", "packing_efficiency"}  # timing and row layout differ
 
 
@@ -248,7 +249,8 @@ def _same(a: list[dict], b: list[dict], tol: float = 1e-6) -> None:
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("torchrun") / "run"
-    p = _torchrun(2, ["--steps", "3", "--save-every", "1", "--audit-every", "3", "--run-dir", str(run)])
+    p = _torchrun(2, ["--steps", "3", "--save-every", "1", "--audit-every", "3", "--teacher-parallel", "fsdp",
+                      "--run-dir", str(run)])
     out = _finish(p, 600)
     assert p.returncode == 0, out[-3000:]
     return run, out
@@ -273,6 +275,32 @@ def test_torchrun_two_ranks_train_and_rank_zero_alone_writes(two_rank_run):
                                                       "trainer.pt"]
     assert sorted(p.name for p in (ckpt / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_held_out_evaluation_split_across_ranks_equals_one_process(two_rank_run, tmp_path):
+    """Each rank evaluates its share of the test episodes (episode g keeps its seed): the gathered
+    scores are those one process gets on all of them, for the student and the teacher."""
+    run, _ = two_rank_run
+    summary = json.loads((run / "summary.json").read_text())
+    trainer = _trainer(tmp_path / "one", [])
+    assert trainer.roller.evaluate() == pytest.approx(summary["eval_before"])
+    judge = train.Roller(trainer.cfg, trainer.teacher, trainer.teacher_tok)
+    assert judge.evaluate() == pytest.approx(summary["eval_teacher"])
+
+
+def test_each_rank_evaluates_its_own_test_episodes(tmp_path, monkeypatch):
+    """Test episode g resets with seed 10_000 + g: rank r of 2 runs its share, no other."""
+    import agents.rollout
+
+    trainer = _trainer(tmp_path / "r", ["--eval-episodes", "5"])
+    calls = []
+    monkeypatch.setattr(agents.rollout, "rollout", lambda envs, agent, n, seed, **kw: calls.append((n, seed)) or [])
+    monkeypatch.setattr(distributed, "gather_objects", lambda obj, world: [obj] * world.size)
+    for rank in range(2):
+        trainer.roller.world = distributed.World(rank, 2)
+        trainer.roller.evaluate()
+    assert calls == [(3, 10_000), (2, 10_003)]
 
 
 def _truncate(run: Path, dest: Path, step: int) -> Path:
