@@ -84,8 +84,9 @@ def nll_loss(model: torch.nn.Module, episodes: Sequence[Episode], pack_tokens: i
 
 
 def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfig, *, pad_token_id: int = 0,
-              progress: bool = True, log=print) -> list[dict[str, float]]:
-    """Fine-tune ``model`` in place on the action tokens of ``episodes``; returns per-step stats."""
+              progress: bool = True, log=None) -> list[dict[str, float]]:
+    """Fine-tune ``model`` in place on the action tokens of ``episodes``; returns per-step stats.
+    Without ``progress``, ``log`` (default: stderr) gets the loss every tenth of the steps."""
     from tqdm.auto import tqdm
 
     if not episodes:
@@ -119,10 +120,15 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", refresh=False)
         if not progress and (step + 1) % max(1, cfg.steps // 10) == 0:  # a real model takes minutes: say so
-            log(f"sft step {step + 1}/{cfg.steps}: loss {row['loss']:.4f}, {row['tokens_per_s']:.0f} tokens/s")
+            (log or _stderr)(f"sft step {step + 1}/{cfg.steps}: loss {row['loss']:.4f}, "
+                             f"{dt:.1f} s, {row['tokens_per_s']:.1f} action tokens/s")
     bar.close()
     model.eval()
     return history
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def check_writable(directory: Path) -> None:
@@ -164,8 +170,7 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
         episodes = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, cfg.num_episodes, cfg.seed, progress=progress)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with cfgmod.compute_dtype(cfg.dtype, cfg.device):
-        history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress,
-                            log=lambda m: print(m, file=sys.stderr, flush=True))
+        history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress)
     save_pretrained(out, model, tokenizer, files={
         "sft_config.json": json.dumps(dataclasses.asdict(cfg), indent=2),
         "sft_metrics.jsonl": "".join(json.dumps(r) + "\n" for r in history)})
