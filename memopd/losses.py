@@ -8,12 +8,16 @@ their sum.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from memopd.scoring import ActionStates, map_chunks
 
 DIVERGENCES = ("rkl", "fkl", "jsd")
+OPD_WEIGHTINGS = ("token", "turn", "progressive")
+TURN_SHAPES = ("linear", "cosine")
 
 
 def masked_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -163,6 +167,55 @@ def divergence_from_states(student: ActionStates, teacher: ActionStates, kind: s
     tensors = (student.hidden, student.temperatures, teacher.hidden.detach(), teacher.temperatures)
     parts = map_chunks(fn, tensors, chunk_size)
     return torch.cat(parts) if parts else student.hidden.new_zeros(0)
+
+
+# --------------------------------------------------------------------------------------------
+# Which tokens the distillation mean weighs (TurnOPD's turn-normalised loss budgeting)
+# --------------------------------------------------------------------------------------------
+
+def turn_share(weighting: str, progress: float, start: float = 0.0, end: float = 0.5,
+               shape: str = "linear") -> float:
+    """How far the OPD mean has moved from token-level (0) to turn-balanced (1) at ``progress``
+    (the fraction of training done). ``token``: 0 throughout; ``turn``: 1 throughout;
+    ``progressive``: 0 until ``start``, 1 from ``end``, between them a linear ramp or a cosine
+    ease (``0.5 * (1 - cos(pi * x))``)."""
+    if weighting not in OPD_WEIGHTINGS:
+        raise ValueError(f"unknown OPD weighting {weighting!r}; choose one of {OPD_WEIGHTINGS}")
+    if weighting != "progressive":
+        return 0.0 if weighting == "token" else 1.0
+    if progress <= start:
+        return 0.0
+    if progress >= end:
+        return 1.0
+    x = (progress - start) / (end - start)
+    return x if shape == "linear" else 0.5 * (1.0 - math.cos(math.pi * x))
+
+
+def opd_weights(call_ids: torch.Tensor, supervised: torch.Tensor, share: float,
+                totals: tuple[float, float] | None = None) -> torch.Tensor:
+    """[N] weights of the distillation mean over a step's action tokens.
+
+    ``call_ids`` [N] names each token's model call (turn), ``supervised`` [N] marks the tokens the
+    teacher supervises. The weights are ``(1 - share) * token + share * turn``, each part summing
+    to 1 over the step: ``token`` gives every supervised token ``1 / T`` (today's mean over
+    tokens, where long calls dominate), ``turn`` gives every call that has supervised tokens
+    ``1 / C`` in all, split equally over them (the mean within a call, then over calls).
+    ``totals`` = (T, C) over the whole step when this is one rank's part of it."""
+    sup = supervised.float()
+    _, inverse = torch.unique(call_ids, return_inverse=True)
+    per_call = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0).index_add_(0, inverse, sup)
+    tokens, calls = totals if totals is not None else (float(sup.sum()), float((per_call > 0).sum()))
+    if tokens == 0:
+        return sup
+    token = sup / tokens
+    turn = torch.where(supervised, 1.0 / per_call[inverse].clamp_min(1.0), 0.0) / calls
+    return (1.0 - share) * token + share * turn
+
+
+def call_counts(call_ids: torch.Tensor, supervised: torch.Tensor) -> tuple[float, float]:
+    """(supervised tokens, calls with at least one) of a step's part: the totals of :func:`opd_weights`."""
+    ids = torch.unique(call_ids[supervised])
+    return float(supervised.sum()), float(len(ids))
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

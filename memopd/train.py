@@ -129,6 +129,17 @@ class TrainConfig(TrainingOptions):
                                                  "(flattened history, the control)", choices=("aligned", "persistent"))
     teacher_mask: str = field("both", help="which action tokens the teacher supervises",
                               choices=("both", "memory", "answer"))
+    opd_weighting: str = field("token", help="how the distillation mean weighs the supervised tokens: token (all "
+                                             "alike, so long calls dominate), turn (every model call alike: the mean "
+                                             "within a call, then over calls), progressive (token to turn over "
+                                             "training, TurnOPD's loss budgeting; see --opd-turn-start/end/shape)",
+                               choices=losses.OPD_WEIGHTINGS)
+    opd_turn_start: float = field(0.0, help="progressive: fraction of the steps at which the move from token to "
+                                            "turn weighting starts", range=(0.0, 1.0))
+    opd_turn_end: float = field(0.5, help="progressive: fraction of the steps from which the weighting is all turn",
+                                range=(0.0, 1.0))
+    opd_turn_shape: str = field("linear", help="progressive: the ramp between start and end (linear, or a cosine "
+                                               "ease)", choices=losses.TURN_SHAPES)
     entropy_coef: float = field(0.0, help="alpha: entropy bonus", range=(0.0, None))
     ref_beta: float = field(0.0, help="beta: reward penalty beta * [logp_old - logp_ref]_+ against the "
                                       "frozen initial student", range=(0.0, None))
@@ -171,6 +182,9 @@ class TrainConfig(TrainingOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_agent()
+        if self.opd_weighting == "progressive" and not self.opd_turn_start < self.opd_turn_end:
+            raise ConfigError(f"--opd-turn-start {self.opd_turn_start} must be below --opd-turn-end "
+                              f"{self.opd_turn_end} (fractions of the steps) for --opd-weighting progressive")
         if self.backend == "openai":
             raise ConfigError("--backend openai cannot train: a served model has no weight-sync path from the "
                               "trainer; use --backend vllm (an engine in this process) or hf, and openai for eval")
@@ -738,7 +752,12 @@ class Trainer:
 
         # updates -------------------------------------------------------------------------------
         roles = role_masks(batch, local)
-        stats, token_kl = self._update(batch, adv, weights, teacher_states, values, returns, roles)
+        share = losses.turn_share(cfg.opd_weighting, self.step / max(1, cfg.steps), cfg.opd_turn_start,
+                                  cfg.opd_turn_end, cfg.opd_turn_shape)
+        opd_w = self._opd_weights(batch, share) if teacher_states is not None else None
+        stats, token_kl = self._update(batch, adv, weights, teacher_states, values, returns, roles, opd_w)
+        if teacher_states is not None and cfg.opd_weighting != "token":
+            stats["opd/turn_share"] = share
         if self.world.enabled:  # rollouts, evaluations and audits sample from the updated weights
             distributed.sync_twin(self.student, self.twin)
         learn_s = time.perf_counter() - t0
@@ -770,6 +789,16 @@ class Trainer:
         tokens = [distributed.episode_tokens(e) for e in episodes]
         return distributed.assign_episodes(tokens, self.world.size)[self.world.rank]
 
+    def _opd_weights(self, batch: PackedBatch, share: float) -> torch.Tensor:
+        """[N] weights of the distillation mean (:func:`memopd.losses.opd_weights`); the token and
+        call totals are the whole step's (summed over ranks). At share 0 the teacher mask itself,
+        so the token-level loss is computed exactly as it always was."""
+        if share == 0.0 or batch.num_actions == 0:
+            return batch.teacher.float()
+        calls = batch.token_map[:, 0] * (int(batch.token_map[:, 1].max()) + 1) + batch.token_map[:, 1]
+        totals = distributed.all_sum(losses.call_counts(calls, batch.teacher), self.world)
+        return losses.opd_weights(calls, batch.teacher, share, (totals[0], totals[1]))
+
     def _standardise(self, adv: torch.Tensor) -> torch.Tensor:
         """GAE advantages to mean 0, std 1 over the whole batch (over every rank's tokens)."""
         if not self.world.enabled:
@@ -783,11 +812,13 @@ class Trainer:
 
     def _update(self, batch: PackedBatch, advantages: torch.Tensor, weights: torch.Tensor,
                 teacher_states: ActionStates | None, values: torch.Tensor | None, returns: torch.Tensor | None,
-                roles: dict[str, torch.Tensor]) -> tuple[dict[str, float], torch.Tensor]:
+                roles: dict[str, torch.Tensor], opd_weights: torch.Tensor | None = None
+                ) -> tuple[dict[str, float], torch.Tensor]:
         """PPO epochs over minibatches of rows. ``advantages`` is [N] in the batch's action order
         (selected per minibatch by ``action_uid``; the packed batch is not written to). Returns the
         stats and the per-token divergence to the teacher of the first epoch ([N], NaN where the
-        teacher does not supervise).
+        teacher does not supervise). ``opd_weights`` [N] weighs the distillation mean (default: the
+        teacher mask, every supervised token alike).
 
         Under torchrun the loss is global: each rank's masked means are rescaled from its own
         normalisers (trajectory weights, teacher tokens) to the sums over all ranks, and its loss
@@ -809,7 +840,7 @@ class Trainer:
             for mb in minibatches:
                 uid = mb.action_uid
                 w = weights[uid]
-                tmask = mb.teacher.float()
+                tmask = opd_weights[uid] if opd_weights is not None else mb.teacher.float()
                 w_scale, t_scale = self._global_scales(float(w.sum()), float(tmask.sum()))
                 s = self._student_states(mb)
                 logp, ent, _ = token_logprobs(s, mb.action_ids, chunk_size=cfg.kl_chunk)
