@@ -169,6 +169,55 @@ def divergence_from_states(student: ActionStates, teacher: ActionStates, kind: s
     return torch.cat(parts) if parts else student.hidden.new_zeros(0)
 
 
+def teacher_logprobs(teacher: ActionStates, chunk_size: int = 1024) -> torch.Tensor:
+    """[N, V] the teacher's full-vocabulary log-distribution at each action (no grad): computed
+    once a step and reused by every PPO epoch when it fits the memory bound."""
+    with torch.no_grad():
+        parts = map_chunks(lambda h, t: F.log_softmax(teacher.logits(h, t), dim=-1),
+                           (teacher.hidden.detach(), teacher.temperatures), chunk_size)
+    return torch.cat(parts) if parts else teacher.hidden.new_zeros(0, 0)
+
+
+def student_terms(student: ActionStates, targets: torch.Tensor, teacher: ActionStates | None = None,
+                  kind: str = "rkl", chunk_size: int = 1024, teacher_logp: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per action: the student's log p(target), its entropy and (given a teacher) the
+    full-vocabulary divergence to it, from one projection of the student's states per chunk: the
+    output head is applied once in the forward and once in the backward's recomputation, where
+    :func:`memopd.scoring.token_logprobs` then :func:`divergence_from_states` apply it twice each.
+    The teacher comes as states (projected per chunk, no grad) or as ``teacher_logp`` [N, V]
+    (:func:`teacher_logprobs`, kept across epochs). Returns ([N], [N], [N] or None)."""
+    targets = targets.to(student.hidden.device)
+    if teacher is not None and len(teacher) != len(student):
+        raise ValueError(f"student has {len(student)} action states, teacher {len(teacher)}; "
+                         "score the same episodes (teacher.select(batch.action_uid) for minibatches)")
+    if teacher_logp is not None and len(teacher_logp) != len(student):
+        raise ValueError(f"student has {len(student)} action states, teacher_logp {len(teacher_logp)} rows")
+    t_device = teacher.head.device if teacher is not None else None
+
+    def fn(h: torch.Tensor, temp: torch.Tensor, y: torch.Tensor, *t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
+        out = (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1))
+        if not t:
+            return out
+        if len(t) == 1:
+            logp_t = t[0].to(logp_s.device)
+        else:
+            with torch.no_grad():
+                logp_t = F.log_softmax(teacher.logits(t[0].to(t_device), t[1].to(t_device)), dim=-1).to(logp_s.device)
+        if logp_t.shape[-1] != logp_s.shape[-1]:
+            raise ValueError(f"student and teacher vocabularies differ ({logp_s.shape[-1]} vs {logp_t.shape[-1]} "
+                             "logits); full-vocabulary distillation needs the same tokenizer")
+        return out + (divergence_from_logprobs(logp_s, logp_t, kind),)
+
+    extra = ((teacher_logp.detach(),) if teacher_logp is not None
+             else (teacher.hidden.detach(), teacher.temperatures) if teacher is not None else ())
+    parts = map_chunks(fn, (student.hidden, student.temperatures, targets, *extra), chunk_size)
+    empty = student.hidden.new_zeros(0)
+    cat = lambda k: torch.cat([p[k] for p in parts]) if parts else empty  # noqa: E731
+    return cat(0), cat(1), (cat(2) if extra else None)
+
+
 # --------------------------------------------------------------------------------------------
 # Which tokens the distillation mean weighs (TurnOPD's turn-normalised loss budgeting)
 # --------------------------------------------------------------------------------------------

@@ -152,6 +152,10 @@ class TrainConfig(TrainingOptions):
     minibatches: int = field(1, help="minibatches per epoch (split by packed rows; raise it for big models)",
                              range=(1, None))
     critic_lr: float = field(1e-3, help="critic learning rate (GAE)", range=(0.0, 1.0))
+    teacher_cache_mb: int = field(1024, help="keep the teacher's full-vocabulary log-probs of a step for all PPO "
+                                             "epochs when they fit in this many MiB (N action tokens x vocabulary "
+                                             "x 4 bytes); else each epoch projects the teacher again (0: always)",
+                                  range=(0, None))
     kl_chunk: int = field(1024, help="action tokens projected to the full vocabulary at a time", range=(1, None))
     # several processes (torchrun; see README "Scale out")
     parallel: str = field("fsdp", help="data parallelism of the student and critic under torchrun: FSDP2 "
@@ -835,6 +839,7 @@ class Trainer:
         trainer_lp = self._trainer_logprobs(minibatches, batch.num_actions) \
             if cfg.old_logprobs == "recompute" or len(minibatches) > 1 else None
         old_lp, is_w = self._old_logprobs(batch, trainer_lp)
+        teacher_logp = self._teacher_logprobs(teacher_states)
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
             for mb in minibatches:
@@ -843,7 +848,10 @@ class Trainer:
                 tmask = opd_weights[uid] if opd_weights is not None else mb.teacher.float()
                 w_scale, t_scale = self._global_scales(float(w.sum()), float(tmask.sum()))
                 s = self._student_states(mb)
-                logp, ent, _ = token_logprobs(s, mb.action_ids, chunk_size=cfg.kl_chunk)
+                t = teacher_states.select(uid) if teacher_states is not None and teacher_logp is None else None
+                logp, ent, div = losses.student_terms(
+                    s, mb.action_ids, t, cfg.opd_divergence, cfg.kl_chunk,
+                    teacher_logp[uid] if teacher_logp is not None else None)
                 if trainer_lp is None:  # one minibatch: epoch 0 is the forward before any update
                     trainer_lp = torch.zeros(batch.num_actions)
                     trainer_lp[uid] = logp.detach().float().cpu()
@@ -853,9 +861,7 @@ class Trainer:
                 pg = pg * w_scale
                 entropy = losses.masked_mean(ent, w) * w_scale
                 opd = logp.sum() * 0.0
-                if teacher_states is not None:
-                    t = teacher_states.select(uid)
-                    div = losses.divergence_from_states(s, t, cfg.opd_divergence, cfg.kl_chunk)
+                if div is not None:
                     opd = losses.masked_mean(div, tmask) * t_scale
                     with torch.no_grad():
                         if epoch == 0:  # as the student sampled them (before any update, with one minibatch)
@@ -903,6 +909,16 @@ class Trainer:
         if trainer_lp is not None:
             out.update(self._mismatch(trainer_lp, batch.old_logprobs, is_w))
         return out, token_kl
+
+    def _teacher_logprobs(self, teacher_states: ActionStates | None) -> torch.Tensor | None:
+        """The teacher's [N, V] log-distribution of the step, computed once for every PPO epoch when
+        it fits ``--teacher-cache-mb`` (else None: each epoch projects the teacher's states again)."""
+        if teacher_states is None or self.cfg.ppo_epochs == 1:
+            return None
+        vocab = teacher_states.vocab_size or next(teacher_states.head.lm_head.parameters()).shape[0]
+        if len(teacher_states) * vocab * 4 > self.cfg.teacher_cache_mb * 2**20:
+            return None
+        return losses.teacher_logprobs(teacher_states, self.cfg.kl_chunk)
 
     @torch.no_grad()
     def _trainer_logprobs(self, minibatches: Sequence[PackedBatch], num_actions: int) -> torch.Tensor:
@@ -1048,17 +1064,20 @@ class Trainer:
                         "Lower --lr or --opd-coef, or check the teacher, then --resume.")
             else:
                 self.bad_steps = 0
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+            evaluated = bool(cfg.eval_every) and self.step % cfg.eval_every == 0 and self.step < cfg.steps
+            if evaluated:
                 metrics.update({f"eval/{k}": v for k, v in self.roller.evaluate().items()})
             audit = (self.audit(self.step, self.twin, self.last_episodes)
                      if self.audit is not None and self.world.is_main else None)
             if audit is not None:
                 metrics["audit/max_abs_diff"] = audit.max_abs_diff
                 metrics["audit/passed"] = bool(audit.passed)
-            self.log_row(metrics, save=self.bad_steps == 0 and self.step % cfg.save_every == 0)
+            saving = self.bad_steps == 0 and self.step % cfg.save_every == 0
+            self.log_row(metrics, save=saving)
             bar.update(1)
             bar.set_postfix(f1=f"{metrics['f1']:.3f}", kl=f"{metrics.get('kl/all', float('nan')):.3f}", refresh=False)
-            self._plot()
+            if saving or evaluated:  # drawing costs ~10% of a tiny step: at checkpoints, evaluations and the end
+                self._plot()
         bar.close()
         if "eval_after" not in self.history or self.history.get("eval_after_step") != self.step:
             self.history["eval_after"] = self.roller.evaluate()
