@@ -163,7 +163,8 @@ class HFBackend(Backend):
         budget = [sp.max_new_tokens if self.max_context is None else min(sp.max_new_tokens, self.max_context - e)
                   for e in ends]
 
-        cache = {self._cache_kw: DynamicCache(config=self.model.config)}  # filled in place by each forward
+        kv = DynamicCache(config=self.model.config)  # filled in place by each forward
+        cache = {self._cache_kw: kv}
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
                          **cache)
         logits = out.logits[:, -1, :]
@@ -171,29 +172,29 @@ class HFBackend(Backend):
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
         reasons: list[str | None] = [None] * B
+        alive = list(range(B))  # the rows still decoding, in the cache's row order
         while True:
-            tok, lp = self._sample(logits.float(), gens, sp)
-            tok_l, lp_l = tok.tolist(), lp.tolist()
-            for b in range(B):
-                if reasons[b] is not None:
-                    continue
-                tokens[b].append(tok_l[b])
-                logps[b].append(lp_l[b])
-                if tok_l[b] in stop_ids:
-                    reasons[b] = "eos" if tok_l[b] in self.eos_ids else "stop"
+            tok, lp = self._sample(logits.float(), [gens[b] for b in alive], sp)  # each row its own stream
+            for b, t, p in zip(alive, tok.tolist(), lp.tolist()):
+                tokens[b].append(t)
+                logps[b].append(p)
+                if t in stop_ids:
+                    reasons[b] = "eos" if t in self.eos_ids else "stop"
                 elif len(tokens[b]) >= budget[b]:
                     reasons[b] = "length"
-            if all(r is not None for r in reasons):
+            keep = [j for j, b in enumerate(alive) if reasons[b] is None]
+            if not keep:
                 break
-            # Finished rows keep decoding a pad token; their outputs are discarded.
-            feed = torch.tensor([t if r is None else self.pad_id for t, r in zip(tok_l, reasons)], device=dev)
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], dim=1)
-            out = self.model(input_ids=feed[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+            if len(keep) < len(alive):  # finished rows leave the batch (and their keys/values the cache)
+                sel = torch.tensor(keep, device=dev)
+                kv.batch_select_indices(sel)
+                mask, next_pos, tok = mask[sel], next_pos[sel], tok[sel]
+                alive = [alive[j] for j in keep]
+            mask = torch.cat([mask, torch.ones((len(alive), 1), dtype=mask.dtype, device=dev)], dim=1)
+            out = self.model(input_ids=tok[:, None].to(dev), attention_mask=mask, position_ids=next_pos[:, None],
                              use_cache=True, **cache)
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
-            if self.max_context is not None:  # only finished rows can pass the limit; keep them valid
-                next_pos = next_pos.clamp(max=self.max_context - 1)
 
         latency = time.perf_counter() - t0
         samp = sp.to_dict()
