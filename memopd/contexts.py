@@ -61,6 +61,7 @@ class Block:
     action_teacher: list[bool] = field(default_factory=list)
     action_src: list[tuple[int, int, int]] = field(default_factory=list)  # (episode, invocation, token)
     invocation: int = -1  # the invocation this block restores (-1: several, persistent mode)
+    episode: int = -1  # the episode it belongs to (-1: its unit's)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -68,10 +69,11 @@ class Block:
 
 @dataclass
 class Unit:
-    """A packing unit: an optional shared prefix and the private blocks that attend to it.
+    """A packing unit: an optional shared prefix and the private blocks that attend to it (of one
+    episode, or of every episode with that prefix: a question's group of samples).
 
     ``key`` identifies the prefix: pieces of one split unit that land in the same row share one
-    stored copy of it.
+    stored copy of it. ``episode`` is the first episode whose blocks it holds.
     """
 
     episode: int
@@ -133,19 +135,22 @@ def _action_fields(inv: Invocation, ep: int, j: int, start: int, teacher: bool) 
 
 
 def aligned_units(episodes: Sequence[Episode | Sequence[Invocation]], *, share_prefix: bool = True,
-                  teacher_roles: Iterable[str] = ROLES) -> list[Unit]:
-    """Each invocation restored exactly; invocations of an episode with the same prefix (ids and
-    positions) share it. ``share_prefix=False`` gives every invocation its own prefix copy."""
+                  teacher_roles: Iterable[str] = ROLES, across_episodes: bool = True) -> list[Unit]:
+    """Each invocation restored exactly; invocations with the same prefix (ids and positions)
+    share it: within an episode, and with ``across_episodes`` also across episodes (the G samples
+    of a question, whose instructions and question are the same tokens at the same positions, then
+    store them once per row). ``share_prefix=False`` gives every invocation its own prefix copy."""
     roles = check_teacher_roles(teacher_roles)
     units: list[Unit] = []
+    groups: dict[tuple, Unit] = {}
     for e, invs in enumerate(episode_invocations(episodes)):
-        groups: dict[tuple, Unit] = {}
         for j, inv in enumerate(invs):
             p = inv.prefix_len
             pre_ids, pre_pos = list(inv.prompt_ids[:p]), list(inv.position_ids[:p])
-            key = (e, tuple(pre_ids), tuple(pre_pos)) if share_prefix else (e, j)
+            key = ((e, j) if not share_prefix else (tuple(pre_ids), tuple(pre_pos)) if across_episodes and p
+                   else (e, tuple(pre_ids), tuple(pre_pos)))
             block = Block(ids=list(inv.prompt_ids[p:]) + list(inv.response_ids),
-                          positions=list(inv.position_ids[p:]), invocation=j,
+                          positions=list(inv.position_ids[p:]), invocation=j, episode=e,
                           **_action_fields(inv, e, j, inv.prompt_len - p, inv.role in roles))
             if key not in groups:
                 groups[key] = Unit(e, pre_ids, pre_pos, [], key)
@@ -295,10 +300,12 @@ def _finite(x: Any) -> bool:
 
 
 def build_units(episodes: Sequence[Episode | Sequence[Invocation]], mode: str = "aligned", *,
-                share_prefix: bool = True, teacher_roles: Iterable[str] = ROLES) -> list[Unit]:
+                share_prefix: bool = True, teacher_roles: Iterable[str] = ROLES,
+                across_episodes: bool = True) -> list[Unit]:
     """Units for a context mode (``aligned`` or ``persistent``)."""
     if mode == "aligned":
-        return aligned_units(episodes, share_prefix=share_prefix, teacher_roles=teacher_roles)
+        return aligned_units(episodes, share_prefix=share_prefix, teacher_roles=teacher_roles,
+                             across_episodes=across_episodes)
     if mode == "persistent":
         return persistent_units(episodes, teacher_roles=teacher_roles)
     raise PackingError(f"unknown context mode {mode!r}; choose from {MODES}")

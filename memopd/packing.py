@@ -1,7 +1,8 @@
 """State-aligned packing: recorded invocations of many episodes -> packed rows under a token budget.
 
-Rows are filled by best-fit decreasing over packing units (an episode's invocations that share
-a prefix, see :mod:`memopd.contexts`). A unit's shared prefix is stored once per row it lands
+Rows are filled by best-fit decreasing over packing units (the invocations that share a prefix:
+an episode's, and those of every episode with the same prefix, e.g. a question's G samples; see
+:mod:`memopd.contexts`). A unit's shared prefix is stored once per row it lands
 in; a unit that fits no row whole (larger than the budget, or larger than any row's room) is
 split across rows at invocation boundaries, with its prefix repeated in each piece.
 Every token keeps its recorded position id. The segment structure (which block each token
@@ -240,11 +241,12 @@ def pack_units(units: Sequence[Unit], max_tokens: int = 4096, *, pad_token_id: i
             pb, ps = (row.add(u.prefix_ids, u.prefix_positions, -1, True, u.episode, -1)
                       if u.prefix_ids else (-1, -1))
             for blk in (b for piece in group for b in piece.blocks):
-                b, bs = row.add(blk.ids, blk.positions, pb, False, u.episode, blk.invocation)
+                ep = blk.episode if blk.episode >= 0 else u.episode
+                b, bs = row.add(blk.ids, blk.positions, pb, False, ep, blk.invocation)
                 for k, idx in enumerate(blk.action_idx):
                     pred = bs + idx - 1 if idx > 0 else ps + len(u.prefix_ids) - 1
                     if idx == 0 and pb < 0:
-                        raise PackingError(f"episode {u.episode}: an action token has no preceding context")
+                        raise PackingError(f"episode {ep}: an action token has no preceding context")
                     actions.append((blk.action_src[k], r, pred, bs + idx, b, blk.ids[idx],
                                     blk.action_logprobs[k], blk.action_temperature[k], blk.action_teacher[k]))
         rows.append(row)
@@ -291,7 +293,8 @@ def _to_tensors(rows: list[_RowBuilder], actions: list[tuple], pad_token_id: int
 
 def pack_episodes(episodes: Sequence[Episode | Sequence[Invocation]], max_tokens: int = 4096, *,
                   mode: str = "aligned", share_prefix: bool = True, teacher_roles: Iterable[str] = ROLES,
-                  pad_token_id: int = 0, pad_to_multiple_of: int = 1, balance: bool = True) -> PackedBatch:
+                  pad_token_id: int = 0, pad_to_multiple_of: int = 1, balance: bool = True,
+                  across_episodes: bool = True) -> PackedBatch:
     """Pack recorded episodes for scoring.
 
     Args:
@@ -299,8 +302,10 @@ def pack_episodes(episodes: Sequence[Episode | Sequence[Invocation]], max_tokens
         max_tokens: token budget of one row; an episode larger than it is split across rows.
         mode: ``aligned`` (each invocation's own state, MemOPD) or ``persistent`` (flattened
             history, the paper's control; see :mod:`memopd.contexts`).
-        share_prefix: store an episode's shared prefix once per row (``False``: one copy per
-            invocation, the "packed without prefix sharing" layout).
+        share_prefix: store a shared prefix once per row (``False``: one copy per invocation,
+            the "packed without prefix sharing" layout).
+        across_episodes: with ``share_prefix``, episodes with the same prefix (a question's
+            samples) share its copy too (``False``: one copy per episode and row).
         teacher_roles: roles whose sampled tokens the teacher supervises: ``("memory",)``,
             ``("answer",)`` or both.
         pad_token_id: token id written in padding columns (never attended to by real tokens).
@@ -308,7 +313,8 @@ def pack_episodes(episodes: Sequence[Episode | Sequence[Invocation]], max_tokens
         balance: lower the row capacity when the same number of rows then pads less (matters
             when rows are few, see :func:`place_balanced`); ``False``: plain placement.
     """
-    units = build_units(episodes, mode, share_prefix=share_prefix, teacher_roles=teacher_roles)
+    units = build_units(episodes, mode, share_prefix=share_prefix, teacher_roles=teacher_roles,
+                        across_episodes=across_episodes)
     return pack_units(units, max_tokens, pad_token_id=pad_token_id, pad_to_multiple_of=pad_to_multiple_of,
                       mode=mode, balance=balance)
 

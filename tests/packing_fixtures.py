@@ -51,14 +51,15 @@ def sample_response(model, prompt: list[int], positions: list[int], n: int, temp
 
 def sample_episode(model, *, turns: int, seed: int, prefix_len: int = 10, pos0: int = 0,
                    chunk_len: tuple[int, int] = (5, 14), resp_len: tuple[int, int] = (3, 7),
-                   temperature: float = 1.0) -> Episode:
+                   temperature: float = 1.0, sample_seed: int | None = None) -> Episode:
     """An episode of ``turns`` memory writes and a final answer. Each call's prompt is
     ``q + [MEM] + m_{t-1} + [CHUNK] + x_t`` (the answer call: ``q + [MEM] + m + [ASK]``), the
     memory m_t is the previous call's sampled response; positions start at ``pos0``. Lengths and
     chunk tokens come from one generator, sampling from another, so the layout does not depend
-    on the model."""
+    on the model. Episodes of one ``seed`` and different ``sample_seed`` are samples of one
+    question: the same question and chunks, their own responses (and so memories)."""
     g = torch.Generator().manual_seed(seed)
-    g_sample = torch.Generator().manual_seed(seed + 10_000)
+    g_sample = torch.Generator().manual_seed(seed + 10_000 if sample_seed is None else sample_seed)
     rnd = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))  # noqa: E731
     toks = lambda n: torch.randint(10, VOCAB, (n,), generator=g).tolist()  # noqa: E731
     q = toks(prefix_len)
@@ -77,7 +78,8 @@ def sample_episode(model, *, turns: int, seed: int, prefix_len: int = 10, pos0: 
             sampling={"temperature": temperature},
             spans={"memory": [len(q) + 1, len(q) + 1 + len(memory)]}))
         memory = resp
-    return Episode(episode_id=f"ep{seed}", task_id="synthetic", sample_id=str(seed), invocations=invs)
+    return Episode(episode_id=f"ep{seed}-{sample_seed}", task_id="synthetic", sample_id=str(seed),
+                   invocations=invs)
 
 
 def single_call_episode(model, *, seed: int, length: int, pos0: int, resp: int = 4) -> Episode:

@@ -62,6 +62,29 @@ def test_packed_logits_equal_alone(setup, lowering):
     assert audit.passed and audit.max_abs_diff <= TOL and audit.num_actions == batch.num_actions
 
 
+@pytest.mark.parametrize("lowering", ["sdpa", "eager", "blocks"])
+def test_a_questions_samples_share_one_prefix_copy_and_stay_exact(lowering):
+    """Four samples of one question (same question and chunks, own responses) and one other
+    question: the four store their question once per row, and every call's logits still equal
+    its own forward alone."""
+    from packing_fixtures import sample_episode
+
+    model = tiny_model("qwen2")
+    eps = [sample_episode(model, turns=3, seed=0, sample_seed=s) for s in range(4)]
+    eps.append(sample_episode(model, turns=3, seed=5))
+    batch = pack_episodes(eps, 160)
+    apart = pack_episodes(eps, 160, across_episodes=False)
+    prefixes = lambda b: sum(s.is_prefix for segs in b.segments for s in segs)  # noqa: E731
+    assert prefixes(batch) < prefixes(apart) and batch.num_real_tokens < apart.num_real_tokens
+    assert any(len({s.episode for s in segs if not s.is_prefix and s.prefix == p.block}) >= 2
+               for segs in batch.segments for p in segs if p.is_prefix), "blocks of several episodes share a prefix"
+    ref = torch.stack([alone_logits(model, eps[e].invocations[j])[k] for e, j, k in batch.token_map.tolist()])
+    diff = (packed_logits(model, batch, lowering) - ref).abs().max().item()
+    assert diff <= TOL, f"{lowering}: max |logit diff| {diff}"
+    audit = rce_audit(model, eps, lowering=lowering, max_tokens=160)["aligned"]
+    assert audit.passed and audit.num_actions == batch.num_actions
+
+
 def test_persistent_context_gives_different_logits(setup):
     model, eps, _, _ = setup
     res = audit_episodes(model, eps, modes=("aligned", "persistent"))
