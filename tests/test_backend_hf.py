@@ -105,6 +105,29 @@ def test_seeded_sampling_reproducible_and_batch_invariant(tiny):
     assert [x.response_ids for x in be2.generate(reqs, sp0)] == [x.response_ids for x in first]
 
 
+def test_identical_prompts_are_prefilled_once_and_sample_as_if_alone(tiny):
+    """A question's G samples start with one prompt: prefilled once, its keys/values copied to
+    each row, every row sampling from its own stream exactly as it does alone; the records
+    equal a fresh re-scoring."""
+    model, tok = tiny
+    base = make_requests(tok, 3)
+    reqs = [base[0]] * 4 + [base[1], base[2], base[1]]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=16, seed=7)
+    calls = []
+    backend, forward = HFBackend(model, tok, max_batch_size=32), model.forward
+    model.forward = lambda *a, **kw: calls.append(kw["input_ids"].shape) or forward(*a, **kw)
+    try:
+        together = backend.generate(reqs, sp)
+    finally:
+        del model.forward
+    assert calls[0][0] == 3  # the prefill: three distinct prompts for seven rows
+    alone = HFBackend(model, tok, max_batch_size=1).generate(reqs, sp)
+    assert [x.response_ids for x in together] == [x.response_ids for x in alone]
+    assert len({tuple(x.response_ids) for x in together[:4]}) > 1  # the samples differ after the prompt
+    for inv in together:
+        assert (torch.tensor(inv.logprobs) - rescore(model, inv, 1.0)).abs().max().item() <= 1e-4
+
+
 def test_top_k_1_and_tiny_top_p_equal_greedy(tiny):
     model, tok = tiny
     reqs = make_requests(tok, 5)

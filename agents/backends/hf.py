@@ -165,9 +165,22 @@ class HFBackend(Backend):
 
         kv = DynamicCache(config=self.model.config)  # filled in place by each forward
         cache = {self._cache_kw: kv}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **cache)
-        logits = out.logits[:, -1, :]
+        # identical prompts (a question's G samples start with the same first call) are prefilled
+        # once; their keys/values and first logits are then copied to every row that has them
+        keys = [(tuple(r.prompt_ids), r.position_offset) for r in reqs]
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}
+        uniq = sorted(set(first.values()))
+        if len(uniq) < B:
+            u = torch.tensor(uniq, device=dev)
+            out = self.model(input_ids=ids[u], attention_mask=mask[u], position_ids=pos[u], use_cache=True,
+                             logits_to_keep=1, **cache)
+            expand = torch.tensor([uniq.index(first[k]) for k in keys], device=dev)
+            kv.batch_select_indices(expand)
+            logits = out.logits[:, -1, :][expand]
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                             **cache)
+            logits = out.logits[:, -1, :]
         next_pos = pos[:, -1] + 1
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
