@@ -139,21 +139,35 @@ def aligned_units(episodes: Sequence[Episode | Sequence[Invocation]], *, share_p
     """Each invocation restored exactly; invocations with the same prefix (ids and positions)
     share it: within an episode, and with ``across_episodes`` also across episodes (the G samples
     of a question, whose instructions and question are the same tokens at the same positions, then
-    store them once per row). ``share_prefix=False`` gives every invocation its own prefix copy."""
+    store them once per row). With ``across_episodes``, calls whose whole prompt is the same (a
+    question's samples all start with one first call) are restored as that prompt, stored once as
+    their unit's prefix, and each call's response as a block attending to it: a two-level tree
+    that the attention lowerings already express. ``share_prefix=False`` gives every invocation
+    its own prefix copy."""
     roles = check_teacher_roles(teacher_roles)
+    invocations = episode_invocations(episodes)
+    prompt_key = lambda inv: ("prompt", tuple(inv.prompt_ids), tuple(inv.position_ids[:inv.prompt_len]))  # noqa: E731
+    seen: dict[tuple, int] = {}
+    if share_prefix and across_episodes:
+        for invs in invocations:
+            for inv in invs:
+                if inv.prompt_len and inv.response_ids:
+                    seen[prompt_key(inv)] = seen.get(prompt_key(inv), 0) + 1
     units: list[Unit] = []
     groups: dict[tuple, Unit] = {}
-    for e, invs in enumerate(episode_invocations(episodes)):
+    for e, invs in enumerate(invocations):
         for j, inv in enumerate(invs):
             p = inv.prefix_len
-            pre_ids, pre_pos = list(inv.prompt_ids[:p]), list(inv.position_ids[:p])
-            key = ((e, j) if not share_prefix else (tuple(pre_ids), tuple(pre_pos)) if across_episodes and p
-                   else (e, tuple(pre_ids), tuple(pre_pos)))
+            if seen.get(prompt_key(inv), 0) > 1:  # the whole prompt is shared: it is the prefix
+                p, key = inv.prompt_len, prompt_key(inv)
+            else:
+                key = ((e, j) if not share_prefix else (tuple(inv.prompt_ids[:p]), tuple(inv.position_ids[:p]))
+                       if across_episodes and p else (e, tuple(inv.prompt_ids[:p]), tuple(inv.position_ids[:p])))
             block = Block(ids=list(inv.prompt_ids[p:]) + list(inv.response_ids),
                           positions=list(inv.position_ids[p:]), invocation=j, episode=e,
                           **_action_fields(inv, e, j, inv.prompt_len - p, inv.role in roles))
             if key not in groups:
-                groups[key] = Unit(e, pre_ids, pre_pos, [], key)
+                groups[key] = Unit(e, list(inv.prompt_ids[:p]), list(inv.position_ids[:p]), [], key)
                 units.append(groups[key])
             groups[key].blocks.append(block)
     return units

@@ -65,8 +65,9 @@ def test_packed_logits_equal_alone(setup, lowering):
 @pytest.mark.parametrize("lowering", ["sdpa", "eager", "blocks"])
 def test_a_questions_samples_share_one_prefix_copy_and_stay_exact(lowering):
     """Four samples of one question (same question and chunks, own responses) and one other
-    question: the four store their question once per row, and every call's logits still equal
-    its own forward alone."""
+    question: the four store their question once per row, and their identical first prompt
+    once (each response attends to it), and every call's logits still equal its own forward
+    alone."""
     from packing_fixtures import sample_episode
 
     model = tiny_model("qwen2")
@@ -76,8 +77,13 @@ def test_a_questions_samples_share_one_prefix_copy_and_stay_exact(lowering):
     apart = pack_episodes(eps, 160, across_episodes=False)
     prefixes = lambda b: sum(s.is_prefix for segs in b.segments for s in segs)  # noqa: E731
     assert prefixes(batch) < prefixes(apart) and batch.num_real_tokens < apart.num_real_tokens
-    assert any(len({s.episode for s in segs if not s.is_prefix and s.prefix == p.block}) >= 2
-               for segs in batch.segments for p in segs if p.is_prefix), "blocks of several episodes share a prefix"
+    shared = [(p, {s.episode for s in segs if not s.is_prefix and s.prefix == p.block})
+              for segs in batch.segments for p in segs if p.is_prefix]
+    assert any(len(eps_) >= 2 and p.end - p.start == 10 for p, eps_ in shared), "the question, stored once"
+    first = eps[0].invocations[0]
+    assert all(inv.prompt_ids == first.prompt_ids for e in eps[:4] for inv in e.invocations[:1])
+    assert any(len(eps_) >= 2 and p.end - p.start == first.prompt_len for p, eps_ in shared), \
+        "the first call's whole prompt, stored once for the samples"
     ref = torch.stack([alone_logits(model, eps[e].invocations[j])[k] for e, j, k in batch.token_map.tolist()])
     diff = (packed_logits(model, batch, lowering) - ref).abs().max().item()
     assert diff <= TOL, f"{lowering}: max |logit diff| {diff}"
