@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from agents.policy import EpisodeState, MemoryPolicy, strip_stop
-from agents.prompts import MEMAGENT_TEMPLATE, PromptBuilder, PromptTemplate
+from agents.prompts import MEMAGENT_TEMPLATE, PromptBuilder, PromptTemplate, template as resolve_template
 
 
 def default_sampling(max_new_tokens: int = 256) -> Any:
@@ -32,7 +32,9 @@ class MemAgent(MemoryPolicy):
         answer_sampling: sampling of the answer call (default: ``sampling`` with
             ``answer_max_new_tokens``).
         answer_max_new_tokens: new-token limit of the answer call when ``answer_sampling`` is not given.
-        template: prompt texts (default: MemAgent-style).
+        template: prompt texts, or a built-in template's name (default: MemAgent-style;
+            ``"memagent-chunk-first"`` puts the section before the memory, which lets packing
+            store a turn's chunk once for a question's samples).
         tokenizer: override the backend's tokenizer (the oracle builds prompts without a backend).
         cap_memory_sampling: cap memory calls at the memory budget (token budgets). ``False``
             lets the model write past the budget and the env cut it.
@@ -41,14 +43,14 @@ class MemAgent(MemoryPolicy):
     name = "memagent"
 
     def __init__(self, backend: Any = None, sampling: Any = None, answer_sampling: Any = None,
-                 answer_max_new_tokens: int = 32, template: PromptTemplate = MEMAGENT_TEMPLATE,
+                 answer_max_new_tokens: int = 32, template: PromptTemplate | str = MEMAGENT_TEMPLATE,
                  tokenizer: Any = None, cap_memory_sampling: bool = True) -> None:
         super().__init__(backend, tokenizer)
         self.cap_memory_sampling = cap_memory_sampling
         self.sampling = sampling if sampling is not None else default_sampling()
         self.answer_sampling = (answer_sampling if answer_sampling is not None
                                 else replace(self.sampling, max_new_tokens=answer_max_new_tokens))
-        self.prompts = PromptBuilder(self.tokenizer, template)
+        self.prompts = PromptBuilder(self.tokenizer, resolve_template(template))
 
     def memory_sampling(self, info: dict[str, Any]) -> Any:
         """Memory calls never sample more tokens than the memory budget holds."""

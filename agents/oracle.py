@@ -39,7 +39,7 @@ class OracleAgent(MemAgent):
     name = "oracle"
     calls_model = False  # scripted: nothing sampled, nothing to train (its records are SFT data)
 
-    def __init__(self, samples: Any, tokenizer: Any = None, template: PromptTemplate = MEMAGENT_TEMPLATE,
+    def __init__(self, samples: Any, tokenizer: Any = None, template: PromptTemplate | str = MEMAGENT_TEMPLATE,
                  backend: Any = None) -> None:
         if backend is not None:
             raise ValueError("OracleAgent calls no model; pass tokenizer=..., not a backend")

@@ -114,7 +114,34 @@ READER_TEMPLATE = PromptTemplate(
 )
 """Prompts of the baselines that answer once from a context (full transcript or retrieved chunks)."""
 
-TEMPLATES = {t.name: t for t in (MEMAGENT_TEMPLATE, READER_TEMPLATE)}
+MEMAGENT_CHUNK_FIRST_TEMPLATE = PromptTemplate(
+    name="memagent-chunk-first",
+    prefix=MEMAGENT_TEMPLATE.prefix,
+    calls={
+        "memory": (
+            "<section>\n{chunk}\n</section>\n\n<memory>\n{memory}\n</memory>\n\n"
+            "Write the updated memory, and nothing else."
+        ),
+        "answer": MEMAGENT_TEMPLATE.calls["answer"],
+    },
+)
+"""MemAgent's prompts with the section before the memory. Everything before the memory is then
+the same for every sample of a question at a turn, so packing stores a turn's chunk once for all
+of them (MemAgent's order shares only the prefix and the first call). Same words as MemAgent's."""
+
+TEMPLATES = {t.name: t for t in (MEMAGENT_TEMPLATE, READER_TEMPLATE, MEMAGENT_CHUNK_FIRST_TEMPLATE)}
+CORPUS_TEMPLATES = (MEMAGENT_TEMPLATE, READER_TEMPLATE)
+"""The templates whose text the preset tokenizers are trained on (the chunk-first template reuses
+MemAgent's words, so adding it changed no tokenizer)."""
+
+
+def template(spec: "PromptTemplate | str") -> "PromptTemplate":
+    """A template, or a built-in one by name (``memagent``, ``memagent-chunk-first``, ``reader``)."""
+    if isinstance(spec, PromptTemplate):
+        return spec
+    if spec not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {spec!r}; built-in templates: {sorted(TEMPLATES)}")
+    return TEMPLATES[spec]
 
 
 def template_corpus() -> list[str]:
@@ -123,8 +150,8 @@ def template_corpus() -> list[str]:
     Used to train small tokenizers so that the instructions and tags compress well.
     """
     out: list[str] = []
-    for template in TEMPLATES.values():
-        for piece in template.literal_pieces():
+    for tpl in CORPUS_TEMPLATES:
+        for piece in tpl.literal_pieces():
             if piece not in out:
                 out.append(piece)
     return out

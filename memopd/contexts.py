@@ -134,40 +134,52 @@ def _action_fields(inv: Invocation, ep: int, j: int, start: int, teacher: bool) 
     )
 
 
+def _lead(inv: Invocation) -> int:
+    """Where a call's prompt stops being the same for the samples of a question at this turn: at
+    the memory it received (``spans["memory"]``: every token before it is instructions, question
+    and, in a chunk-first prompt order, the turn's chunk), else where the shared prefix ends."""
+    mem = (inv.spans or {}).get("memory")
+    return int(mem[0]) if mem and int(mem[0]) > inv.prefix_len else inv.prefix_len
+
+
 def aligned_units(episodes: Sequence[Episode | Sequence[Invocation]], *, share_prefix: bool = True,
                   teacher_roles: Iterable[str] = ROLES, across_episodes: bool = True) -> list[Unit]:
-    """Each invocation restored exactly; invocations with the same prefix (ids and positions)
-    share it: within an episode, and with ``across_episodes`` also across episodes (the G samples
-    of a question, whose instructions and question are the same tokens at the same positions, then
-    store them once per row). With ``across_episodes``, calls whose whole prompt is the same (a
-    question's samples all start with one first call) are restored as that prompt, stored once as
-    their unit's prefix, and each call's response as a block attending to it: a two-level tree
-    that the attention lowerings already express. ``share_prefix=False`` gives every invocation
-    its own prefix copy."""
+    """Each invocation restored exactly, each unit's prefix stored once per row and its blocks
+    attending to it (a two-level tree that every attention lowering expresses).
+
+    Invocations with the same prefix (ids and positions) share it: within an episode, and with
+    ``across_episodes`` across episodes too (the G samples of a question: same instructions and
+    question at the same positions). With ``across_episodes`` a call's shared part also grows to
+    the longest leading run it has in common with another call: its whole prompt when that is
+    the same (a question's samples all start with one first call), else the prompt up to the
+    memory it received when that is the same (with the chunk before the memory, a turn's chunk
+    is then stored once for all the samples). ``share_prefix=False`` gives every invocation its
+    own prefix copy."""
     roles = check_teacher_roles(teacher_roles)
     invocations = episode_invocations(episodes)
-    prompt_key = lambda inv: ("prompt", tuple(inv.prompt_ids), tuple(inv.position_ids[:inv.prompt_len]))  # noqa: E731
-    seen: dict[tuple, int] = {}
+    key_at = lambda inv, cut: (cut, tuple(inv.prompt_ids[:cut]), tuple(inv.position_ids[:cut]))  # noqa: E731
+    count: dict[tuple, int] = {}
     if share_prefix and across_episodes:
-        for invs in invocations:
-            for inv in invs:
-                if inv.prompt_len and inv.response_ids:
-                    seen[prompt_key(inv)] = seen.get(prompt_key(inv), 0) + 1
+        for inv in (inv for invs in invocations for inv in invs if inv.response_ids):
+            for cut in {inv.prompt_len, _lead(inv)}:
+                count[key_at(inv, cut)] = count.get(key_at(inv, cut), 0) + 1
     units: list[Unit] = []
     groups: dict[tuple, Unit] = {}
     for e, invs in enumerate(invocations):
         for j, inv in enumerate(invs):
             p = inv.prefix_len
-            if seen.get(prompt_key(inv), 0) > 1:  # the whole prompt is shared: it is the prefix
-                p, key = inv.prompt_len, prompt_key(inv)
+            cut = next((c for c in (inv.prompt_len, _lead(inv)) if c > p and count.get(key_at(inv, c), 0) > 1), p)
+            if not share_prefix:
+                key: tuple = (e, j)
+            elif across_episodes and cut:
+                key = key_at(inv, cut)
             else:
-                key = ((e, j) if not share_prefix else (tuple(inv.prompt_ids[:p]), tuple(inv.position_ids[:p]))
-                       if across_episodes and p else (e, tuple(inv.prompt_ids[:p]), tuple(inv.position_ids[:p])))
-            block = Block(ids=list(inv.prompt_ids[p:]) + list(inv.response_ids),
-                          positions=list(inv.position_ids[p:]), invocation=j, episode=e,
-                          **_action_fields(inv, e, j, inv.prompt_len - p, inv.role in roles))
+                key = (e, *key_at(inv, cut))
+            block = Block(ids=list(inv.prompt_ids[cut:]) + list(inv.response_ids),
+                          positions=list(inv.position_ids[cut:]), invocation=j, episode=e,
+                          **_action_fields(inv, e, j, inv.prompt_len - cut, inv.role in roles))
             if key not in groups:
-                groups[key] = Unit(e, list(inv.prompt_ids[:p]), list(inv.position_ids[:p]), [], key)
+                groups[key] = Unit(e, list(inv.prompt_ids[:cut]), list(inv.position_ids[:cut]), [], key)
                 units.append(groups[key])
             groups[key].blocks.append(block)
     return units

@@ -87,10 +87,11 @@ def test_every_invocation_restored_exactly(episodes, budget):
 def test_prefix_stored_once_per_row_and_split_repeats_it(episodes):
     whole = pack_episodes(episodes, 4096)
     assert whole.num_rows == 1
+    lead = lambda ep: ep.invocations[0].spans["memory"][0]  # noqa: E731  shared: the prefix and the template up to the memory
     for e, ep in enumerate(episodes):
         prefixes = [s for s in whole.segments[0] if s.episode == e and s.is_prefix]
-        assert len(prefixes) == 1 and prefixes[0].end - prefixes[0].start == ep.invocations[0].prefix_len
-    real = sum(ep.invocations[0].prefix_len + sum(i.total_len - i.prefix_len for i in ep.invocations) for ep in episodes)
+        assert len(prefixes) == 1 and prefixes[0].end - prefixes[0].start == lead(ep)
+    real = sum(lead(ep) + sum(i.total_len - lead(ep) for i in ep.invocations) for ep in episodes)
     assert whole.num_real_tokens == real and whole.padding_fraction == 0.0
 
     big = max(range(len(episodes)), key=lambda e: sum(i.total_len for i in episodes[e].invocations))
@@ -158,7 +159,8 @@ def test_without_prefix_sharing_each_call_has_its_own_prefix(episodes):
     private = pack_episodes(episodes, 4096, share_prefix=False)
     n_calls = sum(len(ep.invocations) for ep in episodes)
     assert sum(s.is_prefix for segs in private.segments for s in segs) == n_calls
-    extra = sum((len(ep.invocations) - 1) * ep.invocations[0].prefix_len for ep in episodes)
+    # shared, an episode's calls store once its prefix and the template up to the memory
+    extra = sum((len(ep.invocations) - 1) * ep.invocations[0].spans["memory"][0] for ep in episodes)
     assert private.num_real_tokens == shared.num_real_tokens + extra
 
 
