@@ -5,6 +5,12 @@ Timings include the prefill. Run:
 
     python benchmarks/generation.py                      # tiny (1 vs 32) and smollm2 (1 vs 8)
     python benchmarks/generation.py --models tiny --threads 2
+    python benchmarks/generation.py --vs-generate        # against transformers' generate, batch 8 and 32
+
+``--vs-generate`` times HFBackend (which records every token's log-prob) against transformers'
+``model.generate`` (sampling, ``output_scores=True`` so that it too returns what a recorder needs)
+on the same left-padded prompts, at batch 8 and 32, with distinct prompts and with groups of 4
+identical prompts (a question's samples: HFBackend prefills each distinct prompt once).
 """
 
 from __future__ import annotations
@@ -49,6 +55,39 @@ def measure(backend: HFBackend, prompts: list[list[int]], batch: int, new_tokens
     return best
 
 
+def measure_generate(model, tokenizer, prompts: list[list[int]], new_tokens: int, repeats: int) -> float:
+    """Best-of-``repeats`` tokens/s of transformers' ``generate`` on left-padded prompts."""
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kw = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=new_tokens,
+              min_new_tokens=new_tokens, output_scores=True, return_dict_in_generate=True, pad_token_id=pad)
+    model.generate(ids[:1], **{**kw, "attention_mask": mask[:1], "max_new_tokens": 2, "min_new_tokens": 2})
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = model.generate(ids, **kw)
+        dt = time.perf_counter() - t0
+        best = max(best, (out.sequences.shape[1] - width) * len(prompts) / dt)
+    return best
+
+
+def vs_generate(specs: list[str], prompt_tokens: int, new_tokens: int, repeats: int) -> None:
+    print("| model | batch | prompts | HFBackend tok/s | generate tok/s | ratio |")
+    print("|---|---|---|---|---|---|")
+    for spec in specs:
+        model, tok = models.load(spec)
+        backend = HFBackend(model, tok)
+        for batch in (8, 32):
+            distinct = make_prompts(tok, batch, prompt_tokens)
+            grouped = [p for p in distinct[: batch // 4] for _ in range(4)]
+            for name, prompts in (("distinct", distinct), ("groups of 4", grouped)):
+                ours = measure(backend, prompts, batch, new_tokens, repeats)
+                theirs = measure_generate(model, tok, prompts, new_tokens, repeats)
+                print(f"| {spec} | {batch} | {name} | {ours:.0f} | {theirs:.0f} | {ours / theirs:.2f}x |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["tiny", "smollm2"], help="model specs")
@@ -57,8 +96,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 = stable on shared CPUs)")
+    ap.add_argument("--vs-generate", action="store_true", help="HFBackend against transformers' generate")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.vs_generate:
+        vs_generate(args.models, args.prompt_tokens, args.new_tokens, args.repeats)
+        return
 
     print(f"torch {torch.__version__}, {args.threads} thread(s), prompt {args.prompt_tokens} tokens, "
           f"{args.new_tokens} new tokens per row, best of {args.repeats}\n")
