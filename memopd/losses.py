@@ -267,6 +267,73 @@ def call_counts(call_ids: torch.Tensor, supervised: torch.Tensor) -> tuple[float
     return float(supervised.sum()), float(len(ids))
 
 
+# --------------------------------------------------------------------------------------------
+# Prune-OPD: where the student's prefix drifts from what the teacher would do
+# --------------------------------------------------------------------------------------------
+
+def topk_overlap(logp_s: torch.Tensor, logp_t: torch.Tensor, k: int) -> torch.Tensor:
+    """[n] the share of the student's k most likely next tokens that are also among the
+    teacher's k most likely (1: the same top-k set, 0: disjoint). Inputs [n, V]."""
+    k = min(k, logp_s.shape[-1])
+    top_s, top_t = logp_s.topk(k, dim=-1).indices, logp_t.topk(k, dim=-1).indices
+    return (top_s[:, :, None] == top_t[:, None, :]).any(-1).float().mean(-1)
+
+
+def overlap_from_states(student: ActionStates, k: int, chunk_size: int = 1024, teacher: ActionStates | None = None,
+                        teacher_logp: torch.Tensor | None = None) -> torch.Tensor:
+    """[N] :func:`topk_overlap` of the student's and the teacher's distributions at each action
+    (no grad); the teacher as states or as its kept log-distribution [N, V]."""
+    def fn(h: torch.Tensor, temp: torch.Tensor, *t: torch.Tensor) -> torch.Tensor:
+        logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
+        logp_t = t[0] if len(t) == 1 else F.log_softmax(teacher.logits(t[0].to(teacher.head.device),
+                                                                       t[1].to(teacher.head.device)), dim=-1)
+        return topk_overlap(logp_s, logp_t.to(logp_s.device), k)
+
+    extra = (teacher_logp,) if teacher_logp is not None else (teacher.hidden, teacher.temperatures)
+    with torch.no_grad():
+        parts = map_chunks(fn, (student.hidden.detach(), student.temperatures, *extra), chunk_size)
+    return torch.cat(parts) if parts else student.hidden.new_zeros(0)
+
+
+def drift_weights(overlap: torch.Tensor, token_map: torch.Tensor, threshold: float, patience: int,
+                  decay: float) -> tuple[torch.Tensor, dict[int, tuple[int, int]]]:
+    """Prune-OPD's weights of the distillation terms, from the per-token top-k overlap.
+
+    ``overlap`` [N] and ``token_map`` [N, 3] (episode, invocation, token) list a step's action
+    tokens in canonical order. An episode *drifts* at the first of ``patience`` consecutive tokens
+    (in call order, across calls) whose overlap is below ``threshold``. From there on its
+    tokens weigh ``decay`` in the drifting call and ``decay ** (1 + c)`` in the c-th call after it
+    (monotonically less); an episode that never drifts keeps weight 1 everywhere. Returns
+    (weights [N], {episode: (invocation, token) of its drift event})."""
+    weights = torch.ones(len(overlap))
+    events: dict[int, tuple[int, int]] = {}
+    rows = token_map.tolist()
+    low = (overlap < threshold).tolist()
+    run, start = 0, 0
+    for i, (e, j, t) in enumerate(rows):
+        if i == 0 or rows[i - 1][0] != e:
+            run = 0
+        if e in events:
+            continue
+        run = run + 1 if low[i] else 0
+        if run == 1:
+            start = i
+        if run >= patience:
+            events[e] = (rows[start][1], rows[start][2])
+    calls: dict[int, list[int]] = {}
+    for e, j, _ in rows:
+        if e in events and (not calls.get(e) or calls[e][-1] != j):
+            calls.setdefault(e, []).append(j)
+    for i, (e, j, t) in enumerate(rows):
+        if e not in events:
+            continue
+        ej, et = events[e]
+        if (j, t) < (ej, et):
+            continue
+        weights[i] = decay ** (1 + calls[e].index(j) - calls[e].index(ej))
+    return weights, events
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) per row: [n, V] -> [n]."""
     logp = F.log_softmax(logits.float(), dim=-1)

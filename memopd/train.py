@@ -140,6 +140,16 @@ class TrainConfig(TrainingOptions):
                                 range=(0.0, 1.0))
     opd_turn_shape: str = field("linear", help="progressive: the ramp between start and end (linear, or a cosine "
                                                "ease)", choices=losses.TURN_SHAPES)
+    prune_opd: bool = field(False, help="Prune-OPD: down-weight the distillation terms of an episode after its "
+                                        "prefix drifts from the teacher (the student's and the teacher's top-k next "
+                                        "tokens overlap below --prune-threshold for --prune-patience tokens in a row)")
+    prune_topk: int = field(8, help="Prune-OPD: k of the top-k overlap", range=(1, None))
+    prune_threshold: float = field(0.25, help="Prune-OPD: overlap below which a token counts towards a drift",
+                                   range=(0.0, 1.0))
+    prune_patience: int = field(4, help="Prune-OPD: consecutive low-overlap tokens that make a drift event",
+                                range=(1, None))
+    prune_decay: float = field(0.5, help="Prune-OPD: weight of the drifting call's later tokens; each later "
+                                         "call's tokens weigh this times less again", range=(0.0, 1.0))
     entropy_coef: float = field(0.0, help="alpha: entropy bonus", range=(0.0, None))
     ref_beta: float = field(0.0, help="beta: reward penalty beta * [logp_old - logp_ref]_+ against the "
                                       "frozen initial student", range=(0.0, None))
@@ -840,6 +850,10 @@ class Trainer:
             if cfg.old_logprobs == "recompute" or len(minibatches) > 1 else None
         old_lp, is_w = self._old_logprobs(batch, trainer_lp)
         teacher_logp = self._teacher_logprobs(teacher_states)
+        prune_stats: dict[str, float] = {}
+        if cfg.prune_opd and teacher_states is not None:
+            prune_w, prune_stats = self._prune_weights(batch, minibatches, teacher_states, teacher_logp)
+            opd_weights = (opd_weights if opd_weights is not None else batch.teacher.float()) * prune_w
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
             for mb in minibatches:
@@ -903,12 +917,37 @@ class Trainer:
         self.student.eval()
         out = {k: _mean(v) for k, v in sums.items()}
         out.update(distributed.weighted_stats(kl_parts, world))
+        out.update(prune_stats)
         out["skipped_minibatches"] = skipped
         if skipped and not sums:
             out["loss"] = float("nan")
         if trainer_lp is not None:
             out.update(self._mismatch(trainer_lp, batch.old_logprobs, is_w))
         return out, token_kl
+
+    @torch.no_grad()
+    def _prune_weights(self, batch: PackedBatch, minibatches: Sequence[PackedBatch], teacher_states: ActionStates,
+                       teacher_logp: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Prune-OPD (:func:`memopd.losses.drift_weights`): the student's top-k overlap with the
+        teacher at every action before the update (a forward pass of its own), each episode's drift
+        event, and the weights of the distillation terms after it. Stats over every rank."""
+        cfg = self.cfg
+        self.student.eval()
+        overlap = torch.zeros(batch.num_actions)
+        for mb in minibatches:
+            uid = mb.action_uid
+            t, t_lp = (None, teacher_logp[uid]) if teacher_logp is not None else (teacher_states.select(uid), None)
+            overlap[uid] = losses.overlap_from_states(self._student_states(mb), cfg.prune_topk, cfg.kl_chunk, t,
+                                                      t_lp).float().cpu()
+        weights, events = losses.drift_weights(overlap, batch.token_map, cfg.prune_threshold, cfg.prune_patience,
+                                               cfg.prune_decay)
+        sup = batch.teacher
+        episodes = len(set(batch.token_map[:, 0].tolist()))
+        n_sup, ov_sum, n_low, n_ep, n_drift = distributed.all_sum(
+            [float(sup.sum()), float(overlap[sup].sum()), float((weights[sup] < 1).sum()), episodes, len(events)],
+            self.world)
+        return weights, {"prune/overlap": ov_sum / max(n_sup, 1.0), "prune/downweighted_tokens": n_low / max(n_sup, 1.0),
+                         "prune/drift_episodes": n_drift / max(n_ep, 1.0)}
 
     def _teacher_logprobs(self, teacher_states: ActionStates | None) -> torch.Tensor | None:
         """The teacher's [N, V] log-distribution of the step, computed once for every PPO epoch when

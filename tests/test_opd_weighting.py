@@ -81,3 +81,59 @@ def test_the_trainers_distillation_loss_is_the_hand_average_of_its_per_token_div
     want = by_token if weighting == "token" else by_turn
     assert metrics["opd_loss"] == pytest.approx(want, rel=1e-5)
     assert ("opd/turn_share" in metrics) == (weighting != "token")
+
+
+# ------------------------------------------------------------------------------------------------
+# Prune-OPD: top-k overlap, drift events and the decay after them
+# ------------------------------------------------------------------------------------------------
+
+def test_topk_overlap_counts_shared_candidates():
+    logp_s = torch.log_softmax(torch.tensor([[5.0, 4.0, 3.0, 0.0, 0.0], [5.0, 4.0, 3.0, 0.0, 0.0]]), -1)
+    logp_t = torch.log_softmax(torch.tensor([[3.0, 5.0, 4.0, 0.0, 0.0], [0.0, 0.0, 3.0, 4.0, 5.0]]), -1)
+    # row 0: the same top-3 set {0, 1, 2}; row 1: teacher's {2, 3, 4} shares only token 2
+    assert losses.topk_overlap(logp_s, logp_t, 3).tolist() == pytest.approx([1.0, 1 / 3])
+    assert losses.topk_overlap(logp_s, logp_t, 1).tolist() == [0.0, 0.0]
+
+
+def _tokens(calls: list[int], episode: int = 0) -> list[tuple[int, int, int]]:
+    return [(episode, j, t) for j, n in enumerate(calls) for t in range(n)]
+
+
+def test_drift_is_the_first_of_patience_low_tokens_and_later_calls_decay_further():
+    # episode 0: calls of 3, 3 and 2 tokens; low overlap at tokens (1,1), (1,2), (2,0): a run of 3
+    tm = torch.tensor(_tokens([3, 3, 2]) + _tokens([2, 2], episode=1))
+    overlap = torch.tensor([0.9, 0.1, 0.9, 0.9, 0.1, 0.1, 0.1, 0.9] + [0.1, 0.1, 0.9, 0.1])
+    w, events = losses.drift_weights(overlap, tm, threshold=0.25, patience=3, decay=0.5)
+    # the run of three starts at (1, 1); the single low token at (0, 1) is no drift; episode 1
+    # has two low tokens in a row, then a high one: no drift with patience 3
+    assert events == {0: (1, 1)}
+    assert w.tolist() == [1, 1, 1, 1, 0.5, 0.5, 0.25, 0.25] + [1, 1, 1, 1]
+    w2, events2 = losses.drift_weights(overlap, tm, threshold=0.25, patience=2, decay=0.5)
+    assert events2 == {0: (1, 1), 1: (0, 0)} and w2[8:].tolist() == [0.5, 0.5, 0.25, 0.25]
+
+
+def test_a_run_does_not_continue_into_the_next_episode():
+    tm = torch.tensor(_tokens([2]) + _tokens([2], episode=1))
+    w, events = losses.drift_weights(torch.tensor([0.9, 0.1, 0.1, 0.9]), tm, 0.25, 2, 0.5)
+    assert events == {} and w.tolist() == [1, 1, 1, 1]
+
+
+def test_the_trainer_logs_prune_opd_and_down_weights_after_drift(tmp_path):
+    # an untrained student against an untrained teacher: their top-k sets barely meet, so every
+    # episode drifts at once with a high threshold and patience 1
+    cfg = train.cfgmod.parse_args(train.TrainConfig, FAST + ["--run-dir", str(tmp_path / "run"), "--prune-opd",
+                                                             "--prune-threshold", "1.0", "--prune-patience", "1",
+                                                             "--prune-decay", "0.5"], "t", "")
+    trainer = train.Trainer(train.prepare(cfg), log=lambda m: None)
+    metrics = trainer.learn(trainer.rollout())
+    assert metrics["prune/drift_episodes"] == 1.0 and metrics["prune/downweighted_tokens"] > 0.9
+    assert 0.0 <= metrics["prune/overlap"] < 1.0
+    # against the hand average: weights decay ** (1 + call index) from the first token on
+    lines = (tmp_path / "run" / "episodes" / "step-000001.jsonl").read_text().splitlines()
+    num = den = 0.0
+    for line in lines:
+        for c, inv in enumerate(json.loads(line)["invocations"]):
+            for v in inv["meta"]["teacher_kl"]:
+                if v is not None:
+                    num, den = num + 0.5 ** (1 + c) * v, den + 0.5 ** (1 + c)
+    assert metrics["opd_loss"] == pytest.approx(num / den, rel=1e-5)
