@@ -14,8 +14,9 @@ What each rank does in a step (see :meth:`memopd.train.Trainer.train_step`):
    local weight and token counts), scaled so that the data-parallel gradient average is the
    gradient of the one global loss: N ranks make the update one process makes on the same batch.
 
-Only rank 0 logs, draws progress bars and writes files; every rank takes part in the
-collectives that gather weights for a checkpoint. The process group comes from torchrun's
+Only rank 0 logs, draws progress bars and writes files, except checkpoints: every rank writes
+its own shards of a Distributed Checkpoint (:class:`ShardedState`,
+:func:`memopd.checkpoint.save_sharded`). The process group comes from torchrun's
 environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/rendezvous): gloo on CPU,
 nccl on CUDA, with a timeout on every collective so that a dead rank ends the job instead of
 hanging it. Without torchrun (``WORLD_SIZE`` unset or 1) nothing here changes the trainer.
