@@ -167,6 +167,18 @@ class MemoryPolicy(ABC):
                   "budget_unit": _plain(info.get("budget_unit")), "steps": state.steps},
         )
 
+    def cut_episode(self, slot: int = 0) -> Episode:
+        """Close the episode of ``slot`` before the env ends it (a rollout-depth budget): the
+        record holds the calls made so far, no prediction and no metrics, and ``meta["cut"]`` is
+        the number of calls. A learner gives it no reward (distillation terms only)."""
+        state = self._episodes.pop(slot, None)
+        if state is None:
+            raise AgentError(f"slot {slot} has no running episode to cut")
+        return Episode(episode_id=state.episode_id, task_id=state.task_id, sample_id=state.sample_id,
+                       invocations=state.invocations, reward=0.0, metrics={}, question=state.question,
+                       seed=state.seed, group_id=state.group_id, agent=self.name,
+                       meta={"cut": len(state.invocations), "steps": state.steps})
+
     # ------------------------------------------------------------------ acting
     def act(self, obs: str, info: dict[str, Any], slot: int = 0) -> str:
         """The action for one environment's observation."""

@@ -64,7 +64,7 @@ def plan_episodes(num_episodes: int, group_size: int = 1, seed: int = 0, indices
 
 def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: int = 1, seed: int = 0,
             indices: Sequence[int] | None = None, out: str | Path | None = None, progress: bool = True,
-            run_id: str | None = None) -> list[Episode]:
+            run_id: str | None = None, max_calls: int | None = None) -> list[Episode]:
     """Run ``num_episodes`` episodes of ``agent`` over ``envs`` in lockstep.
 
     Args:
@@ -77,6 +77,8 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
         out: append each finished episode to this JSONL file.
         progress: show a tqdm progress bar.
         run_id: prefix of episode and group ids (default ``seed<seed>``).
+        max_calls: a rollout-depth budget: an episode still running after this many model calls
+            is cut there (:meth:`MemoryPolicy.cut_episode`: no answer, no reward).
 
     Returns:
         The episodes, in plan order.
@@ -116,9 +118,12 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
                     raise RuntimeError(f"env slot {slot} truncated episode {plan.episode_id} without an answer; "
                                        "memgym episodes have a fixed length and should never truncate")
                 if not terminated:
-                    running[slot] = (plan, obs, info)
-                    continue
-                episode = agent.end_episode(info, reward, slot=slot)
+                    if max_calls is None or len(agent.state(slot).invocations) < max_calls:
+                        running[slot] = (plan, obs, info)
+                        continue
+                    episode = agent.cut_episode(slot)
+                else:
+                    episode = agent.end_episode(info, reward, slot=slot)
                 results[plan.index] = episode
                 if out is not None:
                     save_episodes(out, [episode], append=True)

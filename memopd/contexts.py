@@ -296,6 +296,8 @@ def check_contract(episodes: Sequence[Episode], mode: str = "aligned", *, teache
 
 def _check_outcome(episodes: Sequence[Episode], e: int, reward: str | None) -> None:
     ep = episodes[e]
+    if ep.meta.get("cut"):  # cut by a rollout-depth budget: no outcome (distillation terms only)
+        return
     if not _finite(ep.reward):
         raise ContractError(f"{_where(episodes, e)}: Episode.reward is {ep.reward!r}, not a finite number")
     if not isinstance(ep.metrics, dict) or not all(_finite(v) for v in ep.metrics.values()):

@@ -140,6 +140,15 @@ class TrainConfig(TrainingOptions):
                                 range=(0.0, 1.0))
     opd_turn_shape: str = field("linear", help="progressive: the ramp between start and end (linear, or a cosine "
                                                "ease)", choices=losses.TURN_SHAPES)
+    adaptive_depth: bool = field(False, help="TurnOPD's adaptive rollout depth: every --depth-probe-every steps the "
+                                             "rollout is full (a probe); its per-turn teacher KL picks the depth D at "
+                                             "which the rollouts until the next probe are cut (no answer, no reward: "
+                                             "distillation terms only)")
+    depth_probe_every: int = field(5, help="adaptive depth: a full rollout every N steps (the first step is one)",
+                                   range=(1, None))
+    depth_kl_frac: float = field(0.2, help="adaptive depth: a turn is worth rolling out while its mean teacher KL "
+                                           "is at least this fraction of the largest turn's", range=(0.0, 1.0))
+    depth_min: int = field(1, help="adaptive depth: the fewest model calls an episode is cut at", range=(1, None))
     prune_opd: bool = field(False, help="Prune-OPD: down-weight the distillation terms of an episode after its "
                                         "prefix drifts from the teacher (the student's and the teacher's top-k next "
                                         "tokens overlap below --prune-threshold for --prune-patience tokens in a row)")
@@ -323,6 +332,7 @@ class Roller:
         self.questions = (0, cfg.questions_per_step)  # (first, count): a rank's share under torchrun
         self.run_tag = ""  # tells the group ids of ranks apart
         self.world = distributed.SINGLE  # evaluations are split across the ranks of this world
+        self.max_calls: int | None = None  # a rollout-depth budget (--adaptive-depth); None: full episodes
         self.model = model
         self.backend = (HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed) if cfg.backend == "hf"
                         else self._engine(cfg, model, tokenizer))
@@ -405,7 +415,8 @@ class Roller:
         self._sync()
         try:
             return rollout(self.train_envs, self._agent(False, None), count * cfg.group_size,
-                           group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}{self.run_tag}")
+                           group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}{self.run_tag}",
+                           max_calls=self.max_calls)
         finally:
             self._rest()
 
@@ -706,9 +717,35 @@ class Trainer:
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
+        probe = self._depth_probe()
         episodes = self.rollout()
         self.last_episodes = episodes
-        return self.learn(episodes, rollout_s=time.perf_counter() - t0)
+        metrics = self.learn(episodes, rollout_s=time.perf_counter() - t0)
+        if self.cfg.adaptive_depth:
+            if probe:
+                self.history["depth"] = self._choose_depth(self.last_turn_kl)
+            metrics.update({"depth/limit": float(self.roller.max_calls or 0), "depth/probe": float(probe),
+                            "depth/cut_episodes": _mean([float(bool(e.meta.get("cut"))) for e in episodes])})
+        return metrics
+
+    def _depth_probe(self) -> bool:
+        """--adaptive-depth: whether this step's rollout is a full probe; else the rollouts are cut
+        at the depth the last probe chose."""
+        if not self.cfg.adaptive_depth:
+            return False
+        probe = self.step % self.cfg.depth_probe_every == 0 or "depth" not in self.history
+        self.roller.max_calls = None if probe else int(self.history["depth"])
+        return probe
+
+    def _choose_depth(self, turn_kl: list[tuple[float, float]]) -> int:
+        """TurnOPD's depth rule on a probe's per-turn teacher KL (mean over the turn's calls of each
+        call's mean KL; turn = call index): roll out up to the last turn whose mean is at least
+        ``--depth-kl-frac`` of the largest turn mean, and at least ``--depth-min`` calls."""
+        means = [m for m, _ in turn_kl]
+        if not means or max(means) <= 0:
+            return max(self.cfg.depth_min, len(means))
+        keep = [t for t, m in enumerate(means) if m >= self.cfg.depth_kl_frac * max(means)]
+        return max(self.cfg.depth_min, keep[-1] + 1)
 
     def rollout(self) -> list[Episode]:
         """The step's episodes. Under torchrun each rank samples its share of the questions and
@@ -735,6 +772,10 @@ class Trainer:
         all_rewards = episode_rewards(episodes, cfg.reward)
         rewards = all_rewards[own]
         weights = trajectory_weights(batch, local)
+        cut = [bool(e.meta.get("cut")) for e in episodes]  # cut by a rollout-depth budget: no reward
+        if any(cut):  # their tokens get no PPO, entropy or value terms; they are groups of their own
+            weights = weights.masked_fill(torch.tensor([cut[own[e]] for e in batch.token_map[:, 0].tolist()],
+                                                       dtype=torch.bool), 0.0)
         penalty = None
         if self.ref is not None and cfg.ref_beta > 0:
             with torch.no_grad():
@@ -751,7 +792,8 @@ class Trainer:
                 pen_ep = torch.zeros(len(local)).index_add_(0, batch.token_map[:, 0], penalty * weights)
                 all_rewards = all_rewards + distributed.all_sum_tensor(
                     torch.zeros(len(episodes)).index_copy_(0, torch.tensor(own), pen_ep), self.world)
-            ep_adv = losses.group_advantages(all_rewards, [e.group_id or e.episode_id for e in episodes])
+            ep_adv = losses.group_advantages(all_rewards, [f"cut:{e.episode_id}" if c else e.group_id or e.episode_id
+                                                           for e, c in zip(episodes, cut)])
             adv = ep_adv[own][batch.token_map[:, 0]]
 
         # teacher -------------------------------------------------------------------------------
@@ -780,10 +822,12 @@ class Trainer:
         mem_tokens = [len(i.response_ids) for e in episodes for i in e.invocations if i.role == "memory"]
         n_actions, n_real, n_slots = distributed.all_sum(
             [batch.num_actions, batch.num_real_tokens, batch.block_ids.numel()], self.world)
+        done = [e for e, c in zip(episodes, cut) if not c]  # outcomes: of the episodes that ran to the answer
         metrics = {
-            "reward": float(episode_rewards(episodes, cfg.reward if cfg.reward != "none" else "f1").mean()),
-            "f1": _mean([e.metrics.get("f1", 0.0) for e in episodes]),
-            "em": _mean([e.metrics.get("em", 0.0) for e in episodes]),
+            "reward": float(episode_rewards(done, cfg.reward if cfg.reward != "none" else "f1").mean()) if done
+            else float("nan"),
+            "f1": _mean([e.metrics.get("f1", 0.0) for e in done]),
+            "em": _mean([e.metrics.get("em", 0.0) for e in done]),
             "calls_per_episode": n_calls / max(1, len(episodes)),
             "memory_tokens_per_call": _mean(mem_tokens),
             "action_tokens": int(n_actions),
@@ -793,7 +837,31 @@ class Trainer:
             **stats,
         }
         self._save_samples(episodes, own, batch, token_kl)
+        if cfg.adaptive_depth:
+            self.last_turn_kl = self._turn_kl(batch, token_kl)
         return metrics
+
+    def _turn_kl(self, batch: PackedBatch, token_kl: torch.Tensor) -> list[tuple[float, float]]:
+        """(mean, std) over the step's calls of each call's mean teacher KL, per turn (call index),
+        over every rank."""
+        calls: dict[tuple[int, int], list[float]] = {}
+        for (e, j, _), v in zip(batch.token_map.tolist(), token_kl.tolist()):
+            if math.isfinite(v):
+                calls.setdefault((e, j), []).append(v)
+        (turns,) = distributed.all_max([1 + max((j for _, j in calls), default=-1)], self.world)
+        sums = [0.0] * (3 * int(turns))
+        for (_, j), vals in calls.items():
+            m = sum(vals) / len(vals)
+            sums[3 * j] += m
+            sums[3 * j + 1] += m * m
+            sums[3 * j + 2] += 1
+        sums = distributed.all_sum(sums, self.world)
+        out = []
+        for t in range(int(turns)):
+            s1, s2, n = sums[3 * t: 3 * t + 3]
+            mean = s1 / n if n else 0.0
+            out.append((mean, math.sqrt(max(0.0, s2 / n - mean * mean)) if n else 0.0))
+        return out
 
     def _own_episodes(self, episodes: Sequence[Episode]) -> list[int]:
         """Indices of the episodes this rank packs and scores: all of them alone; under torchrun a

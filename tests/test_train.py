@@ -395,7 +395,8 @@ def test_help_lists_choices_defaults_once_and_the_description(capsys):
     assert "--advantage {grpo,gae}" in out and "--attn {sdpa,eager,blocks,flex,flash}" in out
     assert "--progress, --no-progress" in out and "--tensorboard, --no-tensorboard" in out
     assert "--env-kwarg KEY=VALUE" in out and "One step, top to bottom" in out  # the full description
-    assert out.count("(default: 0.2)") == 1 and "(default: 0.2) (default" not in out
+    clip = out[out.index("  --clip-eps CLIP_EPS "):].split("\n  --")[0]  # its help, up to the next option
+    assert clip.count("(default: 0.2)") == 1 and "(default: 0.2) (default" not in out
     flat = " ".join(out.split())
     assert "threads ran 5-40x slower (default" not in flat  # THREADS_HELP says its default itself
 
