@@ -428,6 +428,20 @@ def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | Non
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, **kw)
 
 
+def _rows_after(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int, window: int | None,
+                **kw: Any) -> torch.Tensor:
+    """Attention of the last n rows of a causal context of m + n tokens (queries ``[1, H, n, D]``,
+    keys and values of the whole context): row r sees keys up to m + r (and, with a window, only
+    the last ``window`` of them)."""
+    n, total = q.shape[-2], k.shape[-2]
+    row = torch.arange(m, m + n, device=q.device)[:, None]
+    col = torch.arange(total, device=q.device)[None, :]
+    allowed = col <= row
+    if window is not None:
+        allowed = allowed & (row - col < window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, **kw)
+
+
 def blockwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
                         memopd_spans: list[list[Span]] | None = None, memopd_windows: list[int | None] | None = None,
@@ -470,14 +484,17 @@ def blockwise_attention(module: torch.nn.Module, query: torch.Tensor, key: torch
         elif kind == 1:  # a prefix, or a block without one: plain causal
             outs.append(_causal(qp[i][None], kp[i][None], vp[i][None], window, dropout_p=p_drop, scale=scaling,
                                 enable_gqa=gqa)[0])
-        else:  # a block: run [prefix, block] causally and keep the block's rows. Recomputing the
-            # prefix's own rows costs m^2/2, less than the masked m x n rectangle a mask would
-            # force (a causal kernel skips the upper triangle; an explicit mask does not)
-            m = sizes[pre]
-            q = torch.cat([qp[pre], qp[i]], dim=1)[None]
+        else:  # a block of n rows after a prefix of m: its rows see the prefix and themselves
+            m, n = sizes[pre], sizes[i]
             k = torch.cat([kp[pre], kp[i]], dim=1)[None]
             v = torch.cat([vp[pre], vp[i]], dim=1)[None]
-            outs.append(_causal(q, k, v, window, dropout_p=p_drop, scale=scaling, enable_gqa=gqa)[0, :, m:])
+            if n < m:  # the block's rows alone, n x (m + n) scores with an explicit mask
+                outs.append(_rows_after(qp[i][None], k, v, m, window, dropout_p=p_drop, scale=scaling,
+                                        enable_gqa=gqa)[0])
+            else:  # [prefix, block] causally, keeping the block's rows: (m + n)^2 / 2 scores, fewer
+                # than the rectangle here (a causal kernel skips the upper triangle; a mask does not)
+                q = torch.cat([qp[pre], qp[i]], dim=1)[None]
+                outs.append(_causal(q, k, v, window, dropout_p=p_drop, scale=scaling, enable_gqa=gqa)[0, :, m:])
     out = torch.cat(outs, dim=1).reshape(H, R, L, D)
     return out.permute(1, 2, 0, 3).contiguous(), None
 
