@@ -268,6 +268,34 @@ def call_counts(call_ids: torch.Tensor, supervised: torch.Tensor) -> tuple[float
 
 
 # --------------------------------------------------------------------------------------------
+# f-OPD: how fresh a buffered sample is
+# --------------------------------------------------------------------------------------------
+
+def episode_drift(trainer_logp: torch.Tensor, behaviour_logp: torch.Tensor, episode: torch.Tensor,
+                  num_episodes: int) -> torch.Tensor:
+    """[E] rollout drift of each episode: the mean over its action tokens of the k3 estimate of
+    KL(behaviour || current), ``(r - 1) - log r`` with ``r = p_current / p_behaviour`` (0 when the
+    two policies agree on the sampled tokens). ``episode`` [N] maps tokens to episodes."""
+    log_r = (trainer_logp - behaviour_logp).double()
+    k3 = torch.expm1(log_r) - log_r
+    total = torch.zeros(num_episodes, dtype=torch.float64).index_add_(0, episode, k3)
+    count = torch.zeros(num_episodes, dtype=torch.float64).index_add_(0, episode, torch.ones_like(k3))
+    return (total / count.clamp_min(1)).float()
+
+
+def freshness(lag: torch.Tensor, drift: torch.Tensor, lag_scale: float, drift_scale: float) -> torch.Tensor:
+    """[E] f-OPD's sample freshness in (0, 1]: ``exp(-lag / lag_scale - drift / drift_scale)``, from
+    the policy-version lag of the sample and its measured rollout drift (a scale of 0 leaves
+    that part out). 1: as fresh as an on-policy sample."""
+    score = torch.zeros_like(drift, dtype=torch.float64)
+    if lag_scale > 0:
+        score = score - lag.double() / lag_scale
+    if drift_scale > 0:
+        score = score - drift.double() / drift_scale
+    return score.exp().float()
+
+
+# --------------------------------------------------------------------------------------------
 # Prune-OPD: where the student's prefix drifts from what the teacher would do
 # --------------------------------------------------------------------------------------------
 

@@ -149,6 +149,16 @@ class TrainConfig(TrainingOptions):
     depth_kl_frac: float = field(0.2, help="adaptive depth: a turn is worth rolling out while its mean teacher KL "
                                            "is at least this fraction of the largest turn's", range=(0.0, 1.0))
     depth_min: int = field(1, help="adaptive depth: the fewest model calls an episode is cut at", range=(1, None))
+    simulated_staleness: int = field(0, help="train each step on the rollouts of S steps before (made by the "
+                                             "policy S updates back): asynchronous rollouts' staleness, simulated "
+                                             "synchronously (0: on-policy)", range=(0, None))
+    freshness: str = field("off", help="f-OPD's regulation of stale samples: weight (each episode's loss terms "
+                                       "times its freshness exp(-lag / --fresh-lag-scale - drift / "
+                                       "--fresh-drift-scale)) or off", choices=("off", "weight"))
+    fresh_lag_scale: float = field(2.0, help="freshness: policy-version lag that costs a factor e (0: ignore the "
+                                             "lag)", range=(0.0, None))
+    fresh_drift_scale: float = field(0.05, help="freshness: rollout drift (mean k3 KL(behaviour || current) per "
+                                                "token) that costs a factor e (0: ignore the drift)", range=(0.0, None))
     prune_opd: bool = field(False, help="Prune-OPD: down-weight the distillation terms of an episode after its "
                                         "prefix drifts from the teacher (the student's and the teacher's top-k next "
                                         "tokens overlap below --prune-threshold for --prune-patience tokens in a row)")
@@ -407,10 +417,11 @@ class Roller:
         from agents.rollout import rollout
 
         cfg = self.cfg
-        self.backend.policy_version = step
+        self.backend.policy_version = max(step, 0)  # the batches a stale queue starts with: the initial policy
         first, count = self.questions  # this process's share of the step's questions (all of them alone)
         # every step has its own seeds, so a resumed run replays exactly what it would have done
-        base = cfg.seed * 1_000_003 + step * cfg.questions_per_step + first
+        seed_step = step if step >= 0 else 1_000_000 + step  # a stale queue's first batches: steps -S..-1
+        base = cfg.seed * 1_000_003 + seed_step * cfg.questions_per_step + first
         self.backend.reseed(base)
         self._sync()
         try:
@@ -543,6 +554,7 @@ class Trainer:
         self.step = 0
         self.bad_steps = 0
         self.history: dict[str, Any] = {}
+        self.stale_queue: list[list[Episode]] = []  # --simulated-staleness: the batches made, oldest first
         self.step_rows: list[dict[str, Any]] = []  # the metrics rows of self.step, saved with its checkpoint
         self.made_run_dir = False
         self.logger = self._open_run_dir()
@@ -650,7 +662,7 @@ class Trainer:
         row's write never duplicates or loses it. Under torchrun every rank writes its shards
         (a Distributed Checkpoint, :func:`memopd.checkpoint.save_sharded`)."""
         common = {"scheduler": self.sched.state_dict(), "bad_steps": self.bad_steps, "history": self.history,
-                  "rows": list(self.step_rows)}
+                  "rows": list(self.step_rows), "stale_queue": [[e.to_dict() for e in b] for b in self.stale_queue]}
         if self.world.enabled:
             return checkpoint.save_sharded(self.run_dir, self.step, self.sharded_state(), common, self.world,
                                            keep=self.cfg.keep_checkpoints)
@@ -691,6 +703,7 @@ class Trainer:
         distributed.sync_twin(self.student, self.twin)
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.bad_steps, self.history = state["step"], state["bad_steps"], state["history"]
+        self.stale_queue = [[Episode.from_dict(e) for e in b] for b in state.get("stale_queue", [])]
         self.step_rows = list(state.get("rows", []))
         earlier = [r for r in read_metrics(self.run_dir) if r.get("step", -1) < self.step]
         self.logger.rewrite(earlier + self.step_rows)
@@ -718,7 +731,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         t0 = time.perf_counter()
         probe = self._depth_probe()
-        episodes = self.rollout()
+        episodes = self._stale(self.rollout())
         self.last_episodes = episodes
         metrics = self.learn(episodes, rollout_s=time.perf_counter() - t0)
         if self.cfg.adaptive_depth:
@@ -727,6 +740,20 @@ class Trainer:
             metrics.update({"depth/limit": float(self.roller.max_calls or 0), "depth/probe": float(probe),
                             "depth/cut_episodes": _mean([float(bool(e.meta.get("cut"))) for e in episodes])})
         return metrics
+
+    def _stale(self, fresh: list[Episode]) -> list[Episode]:
+        """--simulated-staleness S: this step's rollouts join a queue and the step trains on the
+        batch made S steps before (the queue starts with S batches of the initial policy, so the
+        lag grows to S over the first S steps). Off: the rollouts themselves."""
+        cfg = self.cfg
+        if not cfg.simulated_staleness:
+            return fresh
+        if not self.stale_queue:  # a fresh start: S earlier batches, as asynchronous workers would hold
+            self.stale_queue = [self.roller.rollout(-k) for k in range(cfg.simulated_staleness, 0, -1)]
+            if self.world.enabled:
+                self.stale_queue = [self._gather(part) for part in self.stale_queue]
+        self.stale_queue.append(fresh)
+        return self.stale_queue.pop(0)
 
     def _depth_probe(self) -> bool:
         """--adaptive-depth: whether this step's rollout is a full probe; else the rollouts are cut
@@ -751,7 +778,10 @@ class Trainer:
         """The step's episodes. Under torchrun each rank samples its share of the questions and
         every rank gets all of them, in rank order (group-relative advantages then need nothing
         more, and episode metrics are those of the whole batch)."""
-        mine = self.roller.rollout(self.step)
+        return self._gather(self.roller.rollout(self.step))
+
+    def _gather(self, mine: list[Episode]) -> list[Episode]:
+        """Every rank's episodes, in rank order, on every rank (one process: its own)."""
         if not self.world.enabled:
             return mine
         return [e for part in distributed.gather_objects(mine, self.world) for e in part]
@@ -811,7 +841,9 @@ class Trainer:
         share = losses.turn_share(cfg.opd_weighting, self.step / max(1, cfg.steps), cfg.opd_turn_start,
                                   cfg.opd_turn_end, cfg.opd_turn_shape)
         opd_w = self._opd_weights(batch, share) if teacher_states is not None else None
-        stats, token_kl = self._update(batch, adv, weights, teacher_states, values, returns, roles, opd_w)
+        lags = torch.tensor([float(self.step - max((i.policy_version for i in e.invocations), default=self.step))
+                             for e in local])  # policy versions between each sample's and the one trained
+        stats, token_kl = self._update(batch, adv, weights, teacher_states, values, returns, roles, opd_w, lags)
         if teacher_states is not None and cfg.opd_weighting != "token":
             stats["opd/turn_share"] = share
         if self.world.enabled:  # rollouts, evaluations and audits sample from the updated weights
@@ -894,13 +926,14 @@ class Trainer:
 
     def _update(self, batch: PackedBatch, advantages: torch.Tensor, weights: torch.Tensor,
                 teacher_states: ActionStates | None, values: torch.Tensor | None, returns: torch.Tensor | None,
-                roles: dict[str, torch.Tensor], opd_weights: torch.Tensor | None = None
-                ) -> tuple[dict[str, float], torch.Tensor]:
+                roles: dict[str, torch.Tensor], opd_weights: torch.Tensor | None = None,
+                lags: torch.Tensor | None = None) -> tuple[dict[str, float], torch.Tensor]:
         """PPO epochs over minibatches of rows. ``advantages`` is [N] in the batch's action order
         (selected per minibatch by ``action_uid``; the packed batch is not written to). Returns the
         stats and the per-token divergence to the teacher of the first epoch ([N], NaN where the
         teacher does not supervise). ``opd_weights`` [N] weighs the distillation mean (default: the
-        teacher mask, every supervised token alike).
+        teacher mask, every supervised token alike). ``lags`` [E]: each episode's policy-version
+        lag (for ``--freshness``).
 
         Under torchrun the loss is global: each rank's masked means are rescaled from its own
         normalisers (trajectory weights, teacher tokens) to the sums over all ranks, and its loss
@@ -915,8 +948,11 @@ class Trainer:
         # the trainer's log-probs of the sampled tokens before this update: in a pass of their own when
         # PPO needs them as its old log-probs or minibatches would update between them; else from epoch 0
         trainer_lp = self._trainer_logprobs(minibatches, batch.num_actions) \
-            if cfg.old_logprobs == "recompute" or len(minibatches) > 1 else None
+            if cfg.old_logprobs == "recompute" or len(minibatches) > 1 or cfg.freshness != "off" else None
         old_lp, is_w = self._old_logprobs(batch, trainer_lp)
+        fresh_stats: dict[str, float] = {}
+        if lags is not None and (cfg.freshness != "off" or cfg.simulated_staleness):
+            weights, opd_weights, fresh_stats = self._fresh(batch, lags, trainer_lp, weights, opd_weights)
         teacher_logp = self._teacher_logprobs(teacher_states)
         prune_stats: dict[str, float] = {}
         if cfg.prune_opd and teacher_states is not None:
@@ -986,12 +1022,35 @@ class Trainer:
         out = {k: _mean(v) for k, v in sums.items()}
         out.update(distributed.weighted_stats(kl_parts, world))
         out.update(prune_stats)
+        out.update(fresh_stats)
         out["skipped_minibatches"] = skipped
         if skipped and not sums:
             out["loss"] = float("nan")
         if trainer_lp is not None:
             out.update(self._mismatch(trainer_lp, batch.old_logprobs, is_w))
         return out, token_kl
+
+    def _fresh(self, batch: PackedBatch, lags: torch.Tensor, trainer_lp: torch.Tensor | None, weights: torch.Tensor,
+               opd_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """f-OPD: each episode's version lag, rollout drift (behaviour vs current policy on its
+        sampled tokens) and freshness; with ``--freshness weight`` its PPO and distillation terms
+        are weighed by it. Stats: means over the step's episodes (every rank)."""
+        cfg = self.cfg
+        ep = batch.token_map[:, 0]
+        stats = [float(lags.sum()), float(len(lags))]
+        if trainer_lp is not None:
+            drift = losses.episode_drift(trainer_lp, batch.old_logprobs, ep, len(lags))
+            fresh = losses.freshness(lags, drift, cfg.fresh_lag_scale, cfg.fresh_drift_scale)
+            stats += [float(drift.sum()), float(fresh.sum())]
+            if cfg.freshness == "weight":
+                weights = weights * fresh[ep]
+                opd_weights = (opd_weights if opd_weights is not None else batch.teacher.float()) * fresh[ep]
+        totals = distributed.all_sum(stats, self.world)
+        n = max(totals[1], 1.0)
+        out = {"fresh/lag": totals[0] / n}
+        if len(totals) > 2:
+            out.update({"fresh/drift": totals[2] / n, "fresh/score": totals[3] / n})
+        return weights, opd_weights, out
 
     @torch.no_grad()
     def _prune_weights(self, batch: PackedBatch, minibatches: Sequence[PackedBatch], teacher_states: ActionStates,
