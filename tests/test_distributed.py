@@ -182,13 +182,14 @@ def test_two_ranks_make_the_one_process_update(equivalence, arm):
     one, two = single[arm], ranks[arm]
     assert _max_diff(one["grads"], two["grads"]) < 1e-5
     # Adam's first step moves a weight by lr * g / (|g| + eps): where the gradient is itself at float
-    # noise (|g| ~ 1e-8) that ratio is noise too, so weights are compared where the gradient is real,
-    # and bounded by a fraction of the learning rate elsewhere (measured: <= 3e-8 and <= 8e-5, lr 2e-3)
+    # noise (|g| ~ 1e-8) that ratio is noise too (two layouts sum in other orders), so weights are
+    # compared where the gradient is real, and elsewhere bounded by what two first Adam steps can
+    # differ by, 2 lr (measured: <= 3e-8 where real; up to 2.8e-4 at noise, lr 2e-3)
     for k, w1 in one["weights"].items():
         g, d = one["grads"].get(k), (w1 - two["weights"][k]).abs()
         if g is not None:
             assert float(torch.where(g.abs() > 1e-6, d, 0.0).max()) < 1e-5, k
-        assert float(d.max()) < 0.1 * train.TINY_LR, k
+        assert float(d.max()) <= 2 * train.TINY_LR * (1 + 1e-4), k
     assert max(float(g.abs().max()) for g in one["grads"].values() if g is not None) > 1e-3  # a real update
     m1, m2 = one["metrics"], two["metrics"]
     assert m1.keys() == m2.keys()
