@@ -15,7 +15,8 @@ earlier invocation finished it, so a killed run resumes where it stopped):
               dominates); its held-out F1 under the memory agent
   2. audit    the RCE audit (`memopd.audit`) on teacher-sampled episodes: packed vs each call alone
   3. arms     the untouched SmolLM2 (`--student-warmup-steps 0`) trained by `memopd.train`, the same
-              budget for each arm, run side by side with one torch thread each (`--parallel-arms`):
+              budget for each arm, run side by side with one torch thread each (`--parallel-arms`),
+              with gradient checkpointing (two trainers of a 135M model share the machine's memory):
                 ppo+memopd  PPO + OPD against the teacher, state-aligned (reverse KL)
                 ppo         PPO on the F1 reward alone (--opd-coef 0)
               each arm is its own `python -m memopd.train` process, resumed with --resume after a kill
