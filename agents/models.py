@@ -401,6 +401,9 @@ def save_pretrained(path: str | os.PathLike, *objects: Any, files: dict[str, str
             obj.save_pretrained(tmp)
         for name, text in (files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
+        for f in tmp.rglob("*"):  # weights may be written through a private temporary file (0600)
+            if f.is_file():
+                os.chmod(f, 0o644)
         if replace and path.exists():
             old = path.parent / f".{path.name}-old-{tmp.name}"
             os.replace(path, old)

@@ -17,6 +17,7 @@ def test_sft_cli_writes_a_loadable_model_with_normal_permissions(tmp_path):
     out = tmp_path / "out"
     assert sft.main(FAST + ["--out", str(out), "--lr-schedule", "linear"]) == 0
     assert oct(out.stat().st_mode & 0o777) == "0o755"
+    assert {oct(f.stat().st_mode & 0o777) for f in out.iterdir()} == {"0o644"}  # weights readable like the rest
     saved = json.loads((out / "sft_config.json").read_text())
     assert saved["env_kwargs"] == {"num_chunks": 2} and saved["lr_schedule"] == "linear"
     assert len((out / "sft_metrics.jsonl").read_text().splitlines()) == 1
