@@ -4,6 +4,7 @@ several checkouts of this project side by side in one run (e.g. before and after
     python benchmarks/step_time.py                               # this checkout
     git worktree add /tmp/before <commit>
     python benchmarks/step_time.py --trees /tmp/before .         # before vs after, interleaved
+    python benchmarks/step_time.py --attn sdpa                   # other memopd.train flags: for every run
 
 Each measurement is a fresh process (``PYTHONPATH`` = the checkout) running ``memopd.train``'s
 ``Trainer.fit`` with the embedded default's shape (LongQA, 8 questions x 4 samples, 4 PPO epochs,
@@ -31,12 +32,12 @@ WORKER_ARGS = ["--env", "memgym/LongQA-v0", "--teacher", "tiny-teacher", "--stud
                "--eval-episodes", "4", "--no-progress", "--threads", "1"]
 
 
-def worker(steps: int, run_dir: str, out: str) -> None:
+def worker(steps: int, run_dir: str, out: str, extra: list[str]) -> None:
     """In the checkout on ``sys.path``: time ``steps`` steps of a fresh run."""
     from memopd import train
 
-    cfg = train.cfgmod.parse_args(train.TrainConfig, WORKER_ARGS + ["--steps", str(steps), "--run-dir", run_dir],
-                                  "step_time", "")
+    cfg = train.cfgmod.parse_args(train.TrainConfig, WORKER_ARGS + ["--steps", str(steps), "--run-dir", run_dir]
+                                  + extra, "step_time", "")
     trainer = train.Trainer(train.prepare(cfg), log=lambda m: None)
     starts, phases = [], []
     step = trainer.train_step
@@ -54,11 +55,12 @@ def worker(steps: int, run_dir: str, out: str) -> None:
     Path(out).write_text(json.dumps({"walls": walls, "phases": phases}))
 
 
-def measure(tree: Path, steps: int) -> dict:
+def measure(tree: Path, steps: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         env = {**os.environ, "PYTHONPATH": str(tree.resolve()), "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, __file__, "--worker", str(steps), str(Path(tmp) / "run"), str(out)],
+        done = subprocess.run([sys.executable, __file__, "--worker", str(steps), str(Path(tmp) / "run"), str(out),
+                               *extra],
                               env=env, capture_output=True, text=True, cwd=tree)
         if done.returncode != 0:
             raise SystemExit(f"{tree}: the worker failed:\n{done.stderr[-3000:]}")
@@ -70,16 +72,16 @@ def main() -> None:
     ap.add_argument("--trees", nargs="+", default=["."], help="checkouts to measure (the first is the baseline)")
     ap.add_argument("--steps", type=int, default=6, help="steps per measurement (the first is a warm-up)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args, extra = ap.parse_known_args()  # anything else: memopd.train flags for every measurement
     if args.worker:
-        worker(int(args.worker[0]), args.worker[1], args.worker[2])
+        worker(int(args.worker[0]), args.worker[1], args.worker[2], args.worker[3:] + extra)
         return
     trees = [Path(t) for t in args.trees]
     per_tree: dict[Path, list[dict]] = {t: [] for t in trees}
     for r in range(args.repeats):
         for t in trees:
-            res = measure(t, args.steps)
+            res = measure(t, args.steps, extra)
             per_tree[t].append(res)
             print(f"repeat {r + 1} {t}: step wall s {[round(w, 2) for w in res['walls']]}", flush=True)
     base = None
