@@ -259,3 +259,23 @@ def test_metrics_rewrite_is_atomic(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temp file left
     logger.truncate_after(2)
     assert [r["step"] for r in runlog.read_metrics(tmp_path)] == [0, 1, 2]
+
+
+def test_a_tied_output_head_is_saved_once_and_tied_again(tmp_path, tiny):
+    from safetensors.torch import load_file
+
+    from agents.models import load
+
+    model, _ = tiny
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    path = checkpoint.save(tmp_path, 1, {"student": model}, {"history": {}})
+    saved = load_file(str(path / "student.safetensors"))
+    assert "lm_head.weight" not in saved and "model.embed_tokens.weight" in saved
+    assert len(saved) == len({p for p in model.parameters()})  # each parameter once (buffers are not saved)
+    other, _ = load("tiny")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    checkpoint.load_latest(tmp_path, {"student": other})
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+    assert other.lm_head.weight is other.model.embed_tokens.weight
