@@ -188,22 +188,6 @@ def run_arm(arm: str, seed: int, student: Path, teacher: Path, out: Path, b: Bud
 # 4. the report
 # ------------------------------------------------------------------------------------------------
 
-def curve(run_dir: Path) -> dict[str, list[float]]:
-    """Held-out F1 by step and by training wall-clock (rollout + update seconds, evals excluded)."""
-    from memopd.runlog import read_metrics
-
-    steps, secs, f1 = [], [], []
-    clock = {0: 0.0}
-    for r in read_metrics(run_dir):
-        if "step_s" in r:
-            clock[r["step"]] = clock.get(r["step"] - 1, 0.0) + r["step_s"]
-        if "eval/f1" in r:
-            steps.append(r["step"])
-            secs.append(clock.get(r["step"], 0.0))
-            f1.append(r["eval/f1"])
-    return {"step": steps, "seconds": secs, "f1": f1}
-
-
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     m = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
@@ -318,6 +302,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dict[str, Any]:
+    from memopd.runlog import heldout_curve
+
     b = args.budget
     curves: dict[str, dict[str, Any]] = {}
     table: dict[str, Any] = {}
@@ -327,7 +313,7 @@ def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dic
         for seed in args.seed_list:
             run_dir = run_path(out, b, arm, seed)
             summary = json.loads((run_dir / "summary.json").read_text())
-            curves.setdefault(arm, {})[str(seed)] = curve(run_dir)
+            curves.setdefault(arm, {})[str(seed)] = heldout_curve(run_dir)
             finals.append(summary["eval_after"]["f1"])
             ems.append(summary["eval_after"]["em"])
             secs.append(curves[arm][str(seed)]["seconds"][-1] / max(1, summary["steps"]))

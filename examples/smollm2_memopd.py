@@ -282,22 +282,6 @@ def export_and_eval(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             "bytes": size}
 
 
-def curve(run_dir: Path) -> dict[str, list[float]]:
-    """Held-out F1 by step and by training wall-clock (rollout + update seconds, evals excluded)."""
-    from memopd.runlog import read_metrics
-
-    steps, secs, f1 = [], [], []
-    clock = {0: 0.0}
-    for r in read_metrics(run_dir):
-        if "step_s" in r:
-            clock[r["step"]] = clock.get(r["step"] - 1, 0.0) + r["step_s"]
-        if "eval/f1" in r:
-            steps.append(r["step"])
-            secs.append(clock.get(r["step"], 0.0))
-            f1.append(r["eval/f1"])
-    return {"step": steps, "seconds": secs, "f1": f1}
-
-
 def train_stats(run_dir: Path) -> dict[str, Any]:
     from memopd.runlog import read_metrics
 
@@ -366,11 +350,13 @@ def markdown(r: dict[str, Any]) -> str:
 
 def report(out: Path, args: argparse.Namespace, timings: Timings, teacher: dict, audit_data: dict,
            export: dict | None) -> dict[str, Any]:
+    from memopd.runlog import heldout_curve
+
     table, curves = {}, {}
     for arm in args.arm_list:
         run_dir = arm_dir(out, arm, args.seed)
         s = json.loads((run_dir / "summary.json").read_text())
-        curves[arm] = curve(run_dir)
+        curves[arm] = heldout_curve(run_dir)
         table[arm] = {"before": s["eval_before"], "after": s["eval_after"], "steps": s["steps"], **train_stats(run_dir)}
     results = {"env": ENV, "env_kwargs": ENV_KWARGS, "student": args.student, "teacher_base": args.teacher_base,
                "seed": args.seed, "budget": dataclasses.asdict(args.budget), "teacher": teacher, "audit": audit_data,

@@ -130,6 +130,21 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def heldout_curve(path: str | Path) -> dict[str, list[float]]:
+    """A run's held-out F1 by step and by training wall-clock (the steps' rollout + update seconds,
+    evaluations excluded): ``{"step": [...], "seconds": [...], "f1": [...]}``."""
+    steps, secs, f1 = [], [], []
+    clock = {0: 0.0}
+    for r in read_metrics(path):
+        if "step_s" in r:
+            clock[r["step"]] = clock.get(r["step"] - 1, 0.0) + r["step_s"]
+        if "eval/f1" in r:
+            steps.append(r["step"])
+            secs.append(clock.get(r["step"], 0.0))
+            f1.append(r["eval/f1"])
+    return {"step": steps, "seconds": secs, "f1": f1}
+
+
 def plot_curves(rows: Iterable[dict[str, Any]], out: str | Path, title: str = "") -> Path | None:
     """Draw the training curves to a PNG; returns its path (None when there is nothing to draw)."""
     rows = list(rows)
