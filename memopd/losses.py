@@ -9,6 +9,7 @@ their sum.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -178,6 +179,29 @@ def teacher_logprobs(teacher: ActionStates, chunk_size: int = 1024) -> torch.Ten
     return torch.cat(parts) if parts else teacher.hidden.new_zeros(0, 0)
 
 
+def _teacher_inputs(teacher: ActionStates | None, teacher_logp: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The teacher's per-action tensors for a chunk loop: its kept log-distribution [N, V], else its
+    states and temperatures (projected per chunk by :func:`_teacher_chunk`)."""
+    if teacher_logp is not None:
+        return (teacher_logp.detach(),)
+    return teacher.hidden.detach(), teacher.temperatures
+
+
+def _teacher_chunk(teacher: ActionStates | None, t: Sequence[torch.Tensor], logp_s: torch.Tensor) -> torch.Tensor:
+    """[n, V] the teacher's log-distribution on a chunk (no grad), from :func:`_teacher_inputs`'
+    slices, on the student's device; refused when the vocabularies differ."""
+    if len(t) == 1:
+        logp_t = t[0].to(logp_s.device)
+    else:
+        with torch.no_grad():
+            dev = teacher.head.device  # the teacher may live on another device
+            logp_t = F.log_softmax(teacher.logits(t[0].to(dev), t[1].to(dev)), dim=-1).to(logp_s.device)
+    if logp_t.shape[-1] != logp_s.shape[-1]:
+        raise ValueError(f"student and teacher vocabularies differ ({logp_s.shape[-1]} vs {logp_t.shape[-1]} "
+                         "logits); full-vocabulary distillation needs the same tokenizer")
+    return logp_t
+
+
 def student_terms(student: ActionStates, targets: torch.Tensor, teacher: ActionStates | None = None,
                   kind: str = "rkl", chunk_size: int = 1024, teacher_logp: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -193,25 +217,14 @@ def student_terms(student: ActionStates, targets: torch.Tensor, teacher: ActionS
                          "score the same episodes (teacher.select(batch.action_uid) for minibatches)")
     if teacher_logp is not None and len(teacher_logp) != len(student):
         raise ValueError(f"student has {len(student)} action states, teacher_logp {len(teacher_logp)} rows")
-    t_device = teacher.head.device if teacher is not None else None
-
     def fn(h: torch.Tensor, temp: torch.Tensor, y: torch.Tensor, *t: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
         out = (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1))
         if not t:
             return out
-        if len(t) == 1:
-            logp_t = t[0].to(logp_s.device)
-        else:
-            with torch.no_grad():
-                logp_t = F.log_softmax(teacher.logits(t[0].to(t_device), t[1].to(t_device)), dim=-1).to(logp_s.device)
-        if logp_t.shape[-1] != logp_s.shape[-1]:
-            raise ValueError(f"student and teacher vocabularies differ ({logp_s.shape[-1]} vs {logp_t.shape[-1]} "
-                             "logits); full-vocabulary distillation needs the same tokenizer")
-        return out + (divergence_from_logprobs(logp_s, logp_t, kind),)
+        return out + (divergence_from_logprobs(logp_s, _teacher_chunk(teacher, t, logp_s), kind),)
 
-    extra = ((teacher_logp.detach(),) if teacher_logp is not None
-             else (teacher.hidden.detach(), teacher.temperatures) if teacher is not None else ())
+    extra = _teacher_inputs(teacher, teacher_logp) if teacher is not None or teacher_logp is not None else ()
     parts = map_chunks(fn, (student.hidden, student.temperatures, targets, *extra), chunk_size)
     empty = student.hidden.new_zeros(0)
     cat = lambda k: torch.cat([p[k] for p in parts]) if parts else empty  # noqa: E731
@@ -313,11 +326,9 @@ def overlap_from_states(student: ActionStates, k: int, chunk_size: int = 1024, t
     (no grad); the teacher as states or as its kept log-distribution [N, V]."""
     def fn(h: torch.Tensor, temp: torch.Tensor, *t: torch.Tensor) -> torch.Tensor:
         logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
-        logp_t = t[0] if len(t) == 1 else F.log_softmax(teacher.logits(t[0].to(teacher.head.device),
-                                                                       t[1].to(teacher.head.device)), dim=-1)
-        return topk_overlap(logp_s, logp_t.to(logp_s.device), k)
+        return topk_overlap(logp_s, _teacher_chunk(teacher, t, logp_s), k)
 
-    extra = (teacher_logp,) if teacher_logp is not None else (teacher.hidden, teacher.temperatures)
+    extra = _teacher_inputs(teacher, teacher_logp)
     with torch.no_grad():
         parts = map_chunks(fn, (student.hidden.detach(), student.temperatures, *extra), chunk_size)
     return torch.cat(parts) if parts else student.hidden.new_zeros(0)

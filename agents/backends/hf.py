@@ -174,7 +174,8 @@ class HFBackend(Backend):
             u = torch.tensor(uniq, device=dev)
             out = self.model(input_ids=ids[u], attention_mask=mask[u], position_ids=pos[u], use_cache=True,
                              logits_to_keep=1, **cache)
-            expand = torch.tensor([uniq.index(first[k]) for k in keys], device=dev)
+            row_of = {i: n for n, i in enumerate(uniq)}  # request -> its row in the prefill
+            expand = torch.tensor([row_of[first[k]] for k in keys], device=dev)
             kv.batch_select_indices(expand)
             logits = out.logits[:, -1, :][expand]
         else:
