@@ -33,6 +33,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
+from memopd import last_layer
 from memopd.packing import PackedBatch
 
 LOWERINGS = ("sdpa", "eager", "blocks", "flex", "flash")
@@ -172,6 +173,8 @@ def call_index(batch: PackedBatch) -> torch.Tensor:
 
 
 _VERIFIED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, str | None]]" = weakref.WeakKeyDictionary()
+_GATHERED: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+"""Per model (checked by the ``blocks`` probe): whether its last layer runs on the gather positions alone."""
 PROBE_WINDOW_LIMIT = 256  # probe windows up to this size by making a call longer than the window
 
 
@@ -221,7 +224,9 @@ def _probe(model: torch.nn.Module, lowering: str) -> str | None:
     model.eval()
     try:
         try:
-            packed = _packed_hidden(model, batch, lowering, effective_windows(model, batch))
+            packed = _packed_hidden(model, batch, lowering, effective_windows(model, batch), gathered=False)
+            gathered = _packed_hidden(model, batch, lowering, effective_windows(model, batch), gathered=True) \
+                if lowering == "blocks" and last_layer.supported(base_model(model)) else None
         except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
             return (f"packed execution of {type(model).__name__} with the {lowering!r} lowering failed on a probe "
                     f"batch ({type(exc).__name__}: {exc})")
@@ -245,6 +250,8 @@ def _probe(model: torch.nn.Module, lowering: str) -> str | None:
     alone = torch.stack([where[int(c)] for c in batch.action_cols])
     err = float((packed.float() - alone.float()).abs().max())
     tol = (1e-4 if packed.dtype in (torch.float32, torch.float64) else 3e-2) * (1.0 + float(alone.abs().max()))
+    if gathered is not None:  # the last layer on the gather positions alone, where it reproduces the model
+        _GATHERED[model] = float((gathered.float() - alone.float()).abs().max()) <= tol
     if err <= tol:
         return None
     return (f"packed execution of {type(model).__name__} with the {lowering!r} lowering differs from the model's own "
@@ -581,9 +588,15 @@ def packed_hidden_states(model: torch.nn.Module, batch: PackedBatch, lowering: s
     return _packed_hidden(model, batch.to(device), lowering, effective_windows(model, batch))
 
 
-def _packed_hidden(model: torch.nn.Module, batch: PackedBatch, lowering: str, windows: list[int | None]
-                   ) -> torch.Tensor:
+def _packed_hidden(model: torch.nn.Module, batch: PackedBatch, lowering: str, windows: list[int | None],
+                   gathered: bool | None = None) -> torch.Tensor:
+    """``gathered``: run the last decoder layer on the gather positions alone (``blocks`` only,
+    :mod:`memopd.last_layer`); None: where the model's probe found it exact."""
     base = base_model(model)
+    if gathered is None:
+        gathered = lowering == "blocks" and _GATHERED.get(model, False) and last_layer.supported(base)
+    if gathered:
+        return _gathered_hidden(model, batch, windows)
     with attn_implementation(model, lowering):
         if lowering == "flash":
             lay = flash_layout(batch)
@@ -602,6 +615,25 @@ def _packed_hidden(model: torch.nn.Module, batch: PackedBatch, lowering: str, wi
                 batch.position_ids
         out = base(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
         return out.last_hidden_state[batch.action_rows, batch.action_cols]
+
+
+def _gathered_hidden(model: torch.nn.Module, batch: PackedBatch, windows: list[int | None]) -> torch.Tensor:
+    """The ``blocks`` forward with the last layer replaced, for this call, by
+    :class:`memopd.last_layer.GatheredLastLayer`: hidden states ``[N, H]`` at the gather positions."""
+    base = base_model(model)
+    layers = base.layers
+    last = layers[-1]
+    spans = block_spans(batch)
+    flat = batch.action_rows * batch.input_ids.shape[1] + batch.action_cols
+    window = _layer_window(last.self_attn, windows, None)
+    with attn_implementation(model, "blocks"):
+        layers[-1] = last_layer.GatheredLastLayer(last, flat, spans, window)
+        try:
+            out = base(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                       memopd_spans=spans, memopd_windows=windows)
+        finally:
+            layers[-1] = last
+    return out.last_hidden_state[0]
 
 
 __all__ = ["LOWERINGS", "FlashLayout", "UnsupportedLoweringError", "additive_mask", "allowed_mask",
