@@ -152,6 +152,20 @@ class TrainConfig(TrainingOptions):
     simulated_staleness: int = field(0, help="train each step on the rollouts of S steps before (made by the "
                                              "policy S updates back): asynchronous rollouts' staleness, simulated "
                                              "synchronously (0: on-policy)", range=(0, None))
+    async_rollouts: bool = field(False, help="asynchronous actor-learner mode on Ray (pip install 'memopd[ray]'): "
+                                             "--rollout-workers Ray actors sample episodes continuously with the "
+                                             "latest published student weights into a bounded buffer; each step "
+                                             "trains on a batch from it and publishes the new weights")
+    max_staleness: int = field(1, help="async rollouts: the most policy versions a sample used may lag the trained "
+                                       "policy (workers wait when this far ahead; staler samples are dropped and "
+                                       "generated again; 0: every step waits for its own rollouts)", range=(0, None))
+    rollout_workers: int = field(1, help="async rollouts: Ray actors sampling episodes (each a CPU copy of the "
+                                         "student, one torch thread)", range=(1, None))
+    max_worker_restarts: int = field(3, help="async rollouts: a dead worker is replaced (its unfinished episodes "
+                                             "dropped) up to this many times in a run; one more death ends it",
+                                     range=(0, None))
+    ray_address: str | None = field(None, help="async rollouts: the Ray cluster to join (ray start ...); default: "
+                                               "a local instance started and shut down by the run")
     freshness: str = field("off", help="f-OPD's regulation of stale samples: weight (each episode's loss terms "
                                        "times its freshness exp(-lag / --fresh-lag-scale - drift / "
                                        "--fresh-drift-scale)) or off", choices=("off", "weight"))
@@ -218,9 +232,30 @@ class TrainConfig(TrainingOptions):
         if self.opd_weighting == "progressive" and not self.opd_turn_start < self.opd_turn_end:
             raise ConfigError(f"--opd-turn-start {self.opd_turn_start} must be below --opd-turn-end "
                               f"{self.opd_turn_end} (fractions of the steps) for --opd-weighting progressive")
+        if self.async_rollouts:
+            self._check_async()
         if self.backend == "openai":
             raise ConfigError("--backend openai cannot train: a served model has no weight-sync path from the "
                               "trainer; use --backend vllm (an engine in this process) or hf, and openai for eval")
+
+    def _check_async(self) -> None:
+        """``--async-rollouts``: what it cannot be combined with, and Ray installed."""
+        from memopd import async_rollouts
+
+        if self.simulated_staleness:
+            raise ConfigError("--async-rollouts and --simulated-staleness exclude each other: the simulation is the "
+                              "synchronous stand-in for asynchronous workers; bound real staleness with "
+                              "--max-staleness")
+        if distributed.launched_size() > 1:
+            raise ConfigError("--async-rollouts runs in one learner process in this version, not under torchrun")
+        if self.backend != "hf":
+            raise ConfigError(f"--async-rollouts: the rollout workers sample with transformers (--backend hf), "
+                              f"not --backend {self.backend}")
+        if self.adaptive_depth:
+            raise ConfigError("--async-rollouts does not support --adaptive-depth yet (the workers roll out full "
+                              "episodes)")
+        if not async_rollouts.ray_available():
+            raise ConfigError(f"--async-rollouts needs Ray, which is not installed: {async_rollouts.RAY_HINT}")
 
     def _check_agent(self) -> None:
         """``--agent`` must name a trainable agent that takes its ``--agent-kwarg`` options: refused
@@ -555,6 +590,8 @@ class Trainer:
         self.bad_steps = 0
         self.history: dict[str, Any] = {}
         self.stale_queue: list[list[Episode]] = []  # --simulated-staleness: the batches made, oldest first
+        self.pool = None  # --async-rollouts: the Ray workers (memopd.async_rollouts.RolloutPool) while training
+        self.async_state: dict[str, Any] | None = None  # --async-rollouts: the units used, as checkpointed
         self.step_rows: list[dict[str, Any]] = []  # the metrics rows of self.step, saved with its checkpoint
         self.made_run_dir = False
         self.logger = self._open_run_dir()
@@ -662,7 +699,8 @@ class Trainer:
         row's write never duplicates or loses it. Under torchrun every rank writes its shards
         (a Distributed Checkpoint, :func:`memopd.checkpoint.save_sharded`)."""
         common = {"scheduler": self.sched.state_dict(), "bad_steps": self.bad_steps, "history": self.history,
-                  "rows": list(self.step_rows), "stale_queue": [[e.to_dict() for e in b] for b in self.stale_queue]}
+                  "rows": list(self.step_rows), "stale_queue": [[e.to_dict() for e in b] for b in self.stale_queue],
+                  "async": self.pool.state() if self.pool is not None else self.async_state}
         if self.world.enabled:
             return checkpoint.save_sharded(self.run_dir, self.step, self.sharded_state(), common, self.world,
                                            keep=self.cfg.keep_checkpoints)
@@ -704,6 +742,7 @@ class Trainer:
         self.sched.load_state_dict(state["scheduler"])
         self.step, self.bad_steps, self.history = state["step"], state["bad_steps"], state["history"]
         self.stale_queue = [[Episode.from_dict(e) for e in b] for b in state.get("stale_queue", [])]
+        self.async_state = state.get("async")
         self.step_rows = list(state.get("rows", []))
         earlier = [r for r in read_metrics(self.run_dir) if r.get("step", -1) < self.step]
         self.logger.rewrite(earlier + self.step_rows)
@@ -729,6 +768,8 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
+        if self.pool is not None:
+            return self._async_step()
         t0 = time.perf_counter()
         probe = self._depth_probe()
         episodes = self._stale(self.rollout())
@@ -740,6 +781,19 @@ class Trainer:
             metrics.update({"depth/limit": float(self.roller.max_calls or 0), "depth/probe": float(probe),
                             "depth/cut_episodes": _mean([float(bool(e.meta.get("cut"))) for e in episodes])})
         return metrics
+
+    def _async_step(self) -> dict[str, float]:
+        """--async-rollouts: train on the workers' next batch, then publish the new weights (the
+        workers are stopped once the last batch is taken, so the final evaluation runs alone)."""
+        t0 = time.perf_counter()
+        episodes, async_metrics = self.pool.take(self.step)
+        if self.step + 1 >= self.cfg.steps:
+            self.async_state = self.pool.state()
+            self.pool.close()
+        self.last_episodes = episodes
+        metrics = self.learn(episodes, rollout_s=time.perf_counter() - t0)
+        self.pool.publish(self.step + 1, self.twin)  # the version of the weights after this step's update
+        return {**metrics, **async_metrics}
 
     def _stale(self, fresh: list[Episode]) -> list[Episode]:
         """--simulated-staleness S: this step's rollouts join a queue and the step trains on the
@@ -951,7 +1005,7 @@ class Trainer:
             if cfg.old_logprobs == "recompute" or len(minibatches) > 1 or cfg.freshness != "off" else None
         old_lp, is_w = self._old_logprobs(batch, trainer_lp)
         fresh_stats: dict[str, float] = {}
-        if lags is not None and (cfg.freshness != "off" or cfg.simulated_staleness):
+        if lags is not None and (cfg.freshness != "off" or cfg.simulated_staleness or cfg.async_rollouts):
             weights, opd_weights, fresh_stats = self._fresh(batch, lags, trainer_lp, weights, opd_weights)
         teacher_logp = self._teacher_logprobs(teacher_states)
         prune_stats: dict[str, float] = {}
@@ -1188,7 +1242,24 @@ class Trainer:
             except BaseException:
                 self._discard_failed_start()
                 raise
+            return self._train_async() if self.cfg.async_rollouts else self._train()
+
+    def _train_async(self) -> dict[str, Any]:
+        """--async-rollouts: :meth:`_train` with the Ray workers running; whatever happens, they
+        and the Ray instance the run started are shut down."""
+        from memopd.async_rollouts import RolloutError, RolloutPool
+
+        if self.step < self.cfg.steps:
+            self.pool = RolloutPool(self.cfg, self.twin, self.tokenizer, self.step, self.async_state, log=self.log)
+        try:
             return self._train()
+        except RolloutError as exc:
+            raise TrainingError(f"{exc}; the last checkpoint is intact: continue with --resume {self.run_dir}") from exc
+        finally:
+            if self.pool is not None:
+                self.async_state = self.pool.state()
+                self.pool.close()
+                self.pool = None
 
     def _start(self) -> None:
         cfg = self.cfg
