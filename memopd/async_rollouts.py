@@ -40,6 +40,7 @@ process (or raise) before delivering its first batch after N episodes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import heapq
@@ -385,7 +386,7 @@ class RolloutPool:
             return
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         self.weights_ref = self.ray.put(state)
-        self.ray.get(self.hub.publish.remote(version, [self.weights_ref]))
+        self._hub(self.hub.publish.remote(version, [self.weights_ref]))
 
     # -- batches -------------------------------------------------------------------------------
     def take(self, version: int) -> tuple[list, dict[str, float]]:
@@ -396,7 +397,7 @@ class RolloutPool:
         dropped = 0
         while True:
             self.check_workers()
-            groups, d = self.ray.get(self.hub.take.remote(self.cfg.questions_per_step, version))
+            groups, d = self._hub(self.hub.take.remote(self.cfg.questions_per_step, version))
             dropped += d
             if groups:
                 break
@@ -404,7 +405,7 @@ class RolloutPool:
         wait_s = time.perf_counter() - t0
         self._mark_used(groups)
         lags = [version - v for _, v, episodes in groups for _ in episodes]
-        stats = self.ray.get(self.hub.stats.remote())
+        stats = self._hub(self.hub.stats.remote())
         now = time.perf_counter()
         rate = (stats["produced"] - self.last_produced) / max(1e-9, now - self.last_t)
         self.last_produced, self.last_t = stats["produced"], now
@@ -413,6 +414,13 @@ class RolloutPool:
                    "async/buffer": float(stats["buffer"]), "async/worker_restarts": float(self.restarts),
                    "async/wait_s": wait_s}
         return [e for _, _, episodes in groups for e in episodes], metrics
+
+    def _hub(self, ref: Any) -> Any:
+        """The result of a call on the hub; its death ends the rollouts."""
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.RayActorError as exc:
+            raise RolloutError(f"the rollout hub died ({_summary(exc)})") from None
 
     def _mark_used(self, groups: list) -> None:
         """Every unit is used once: a second use is a bug, never trained on."""
@@ -442,10 +450,7 @@ class RolloutPool:
 
     def _restart(self, i: int, why: str) -> None:
         old = self.slots[i]
-        try:
-            lost = self.ray.get(self.hub.release.remote(old.worker_id))
-        except Exception as exc:  # noqa: BLE001
-            raise RolloutError(f"the rollout hub is gone ({_summary(exc)})") from None
+        lost = self._hub(self.hub.release.remote(old.worker_id))
         self.ray.kill(old.actor, no_restart=True)
         self.restarts += 1
         if self.restarts > self.cfg.max_worker_restarts:
@@ -469,10 +474,8 @@ class RolloutPool:
                 if self.slots:
                     ray.wait([s.run for s in self.slots], num_returns=len(self.slots), timeout=STOP_WAIT_S)
             for actor in [s.actor for s in self.slots] + ([hub] if hub is not None else []):
-                try:
+                with contextlib.suppress(Exception):  # already dead
                     ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001  (already dead)
-                    pass
         finally:
             self.slots, self.weights_ref = [], None
             if self.started:
