@@ -128,11 +128,11 @@ def _used(run_dir: Path) -> dict[int, list[tuple[str, int]]]:
 
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
-    """A 4-step async run at S = 2 whose first worker exits mid-run (before delivering its
-    second batch): the run must replace it and finish."""
+    """A 4-step async run at S = 2 with freshness weights whose first worker exits mid-run (before
+    delivering its second batch): the run must replace it and finish."""
     run = tmp_path_factory.mktemp("async") / "run"
     out = _run(FAST + ["--run-dir", str(run), "--async-rollouts", "--max-staleness", "2", "--steps", "4",
-                       "--save-every", "2"], {ar.FAIL_HOOK: "exit:4"})
+                       "--save-every", "2", "--freshness", "weight"], {ar.FAIL_HOOK: "exit:4"})
     return run, out
 
 
@@ -145,6 +145,7 @@ def test_async_run_survives_a_dead_worker_and_keeps_the_staleness_bound(async_ru
     assert rows[-1]["async/worker_restarts"] == 1.0
     for r in rows:
         assert 0 <= r["async/lag_mean"] <= r["async/lag_max"] <= 2 and r["fresh/lag"] == r["async/lag_mean"]
+        assert 0 < r["fresh/score"] <= 1 and r["fresh/drift"] >= 0
         assert r["async/episodes_per_s"] >= 0 and r["async/buffer"] >= 0 and r["async/dropped_stale"] >= 0
     used = _used(run)
     ids = [i for step in used.values() for i, _ in step]
