@@ -56,8 +56,9 @@ class SFTConfig(TrainingOptions):
 
 
 def oracle_episodes(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any, num_episodes: int, seed: int,
-                    split: str = "train", progress: bool = True) -> list[Episode]:
-    """Gold MemAgent-format trajectories from the OracleAgent (no model)."""
+                    split: str = "train", progress: bool = True, template: str | None = None) -> list[Episode]:
+    """Gold MemAgent-format trajectories from the OracleAgent (no model); ``template``: the
+    prompt template by name (default: MemAgent's)."""
     import gymnasium as gym
 
     import memgym  # noqa: F401  (registers the envs)
@@ -66,7 +67,7 @@ def oracle_episodes(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any, num
 
     kwargs = {"split": split, **env_kwargs, "tokenizer": tokenizer}
     envs = [gym.make(env_id, **kwargs) for _ in range(8)]
-    agent = OracleAgent.for_env(envs[0], tokenizer=tokenizer)
+    agent = OracleAgent.for_env(envs[0], tokenizer=tokenizer, **({"template": template} if template else {}))
     try:
         return rollout(envs, agent, num_episodes, seed=seed, progress=progress, run_id=f"oracle-{split}-{seed}")
     finally:
