@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from agents.policy import MemoryPolicy
-from agents.records import Episode, save_episodes
+from agents.records import Episode, Invocation, save_episodes
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ def plan_episodes(num_episodes: int, group_size: int = 1, seed: int = 0, indices
 
 def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: int = 1, seed: int = 0,
             indices: Sequence[int] | None = None, out: str | Path | None = None, progress: bool = True,
-            run_id: str | None = None, max_calls: int | None = None) -> list[Episode]:
+            run_id: str | None = None, max_calls: int | None = None,
+            monitor: Callable[[dict[int, tuple[str, Invocation]]], set[int]] | None = None) -> list[Episode]:
     """Run ``num_episodes`` episodes of ``agent`` over ``envs`` in lockstep.
 
     Args:
@@ -79,6 +80,9 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
         run_id: prefix of episode and group ids (default ``seed<seed>``).
         max_calls: a rollout-depth budget: an episode still running after this many model calls
             is cut there (:meth:`MemoryPolicy.cut_episode`: no answer, no reward).
+        monitor: called after each round of model calls with ``{slot: (episode_id, invocation)}``
+            of the calls just made; the slots it returns have their episodes cut after this call
+            (at the turn boundary; an episode that has just answered ends as usual).
 
     Returns:
         The episodes, in plan order.
@@ -111,17 +115,25 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
             start(slot)
         while running:
             order = sorted(running)
+            made = {s: len(agent.state(s).invocations) for s in order}
             actions = agent.act_batch([running[s][1:] for s in order], order)
+            stop: set[int] = set()
+            if monitor is not None:
+                new = {s: (agent.state(s).episode_id, agent.state(s).invocations[-1]) for s in order
+                       if len(agent.state(s).invocations) > made[s]}
+                stop = monitor(new) if new else set()
             for slot, (obs, reward, terminated, truncated, info) in slots.step(dict(zip(order, actions))).items():
                 plan = running[slot][0]
                 if truncated and not terminated:
                     raise RuntimeError(f"env slot {slot} truncated episode {plan.episode_id} without an answer; "
                                        "memgym episodes have a fixed length and should never truncate")
                 if not terminated:
-                    if max_calls is None or len(agent.state(slot).invocations) < max_calls:
+                    if slot not in stop and (max_calls is None or len(agent.state(slot).invocations) < max_calls):
                         running[slot] = (plan, obs, info)
                         continue
                     episode = agent.cut_episode(slot)
+                    if "num_chunks" in info:  # the turns the whole episode has: a memory call a chunk, the answer
+                        episode.meta["turns"] = int(info["num_chunks"]) + 1
                 else:
                     episode = agent.end_episode(info, reward, slot=slot)
                 results[plan.index] = episode

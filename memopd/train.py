@@ -183,6 +183,10 @@ class TrainConfig(TrainingOptions):
                                 range=(1, None))
     prune_decay: float = field(0.5, help="Prune-OPD: weight of the drifting call's later tokens; each later "
                                          "call's tokens weigh this times less again", range=(0.0, 1.0))
+    prune_stop: bool = field(True, help="Prune-OPD: also stop a drifting episode's rollout after the call it "
+                                        "drifts in (the student and the teacher score each round of calls as it "
+                                        "is made; the episode then trains on distillation terms only); "
+                                        "--no-prune-stop keeps full rollouts")
     entropy_coef: float = field(0.0, help="alpha: entropy bonus", range=(0.0, None))
     ref_beta: float = field(0.0, help="beta: reward penalty beta * [logp_old - logp_ref]_+ against the "
                                       "frozen initial student", range=(0.0, None))
@@ -234,9 +238,24 @@ class TrainConfig(TrainingOptions):
                               f"{self.opd_turn_end} (fractions of the steps) for --opd-weighting progressive")
         if self.async_rollouts:
             self._check_async()
+        if self.prune_opd and self.prune_stop:
+            self._check_prune_stop()
         if self.backend == "openai":
             raise ConfigError("--backend openai cannot train: a served model has no weight-sync path from the "
                               "trainer; use --backend vllm (an engine in this process) or hf, and openai for eval")
+
+    def _check_prune_stop(self) -> None:
+        """Prune-OPD's rollout stop scores each call as it is made, in its state-aligned context, with
+        whole-weight models in this process."""
+        off = "; pass --no-prune-stop to keep full rollouts (the distillation weights still decay after a drift)"
+        if self.teacher_context != "aligned":
+            raise ConfigError("--prune-opd stops rollouts by scoring each call in its state-aligned context, which "
+                              f"--teacher-context {self.teacher_context} does not train on" + off)
+        if self.async_rollouts:
+            raise ConfigError("--prune-opd cannot stop the rollouts of --async-rollouts workers" + off)
+        if self.teacher_parallel == "fsdp" and distributed.launched_size() > 1:
+            raise ConfigError("--prune-opd scores rollouts with a whole teacher on each rank; use --teacher-parallel "
+                              "replicate" + off)
 
     def _check_async(self) -> None:
         """``--async-rollouts``: what it cannot be combined with, and Ray installed."""
@@ -378,6 +397,8 @@ class Roller:
         self.run_tag = ""  # tells the group ids of ranks apart
         self.world = distributed.SINGLE  # evaluations are split across the ranks of this world
         self.max_calls: int | None = None  # a rollout-depth budget (--adaptive-depth); None: full episodes
+        self.monitor: Any = None  # Prune-OPD's drift monitor (memopd.prune.DriftMonitor) of training rollouts
+        self.last_rollout_s = 0.0  # wall time of the last training rollout
         self.model = model
         self.backend = (HFBackend(model, tokenizer, device=cfg.device, seed=cfg.seed) if cfg.backend == "hf"
                         else self._engine(cfg, model, tokenizer))
@@ -459,11 +480,13 @@ class Roller:
         base = cfg.seed * 1_000_003 + seed_step * cfg.questions_per_step + first
         self.backend.reseed(base)
         self._sync()
+        t0 = time.perf_counter()
         try:
             return rollout(self.train_envs, self._agent(False, None), count * cfg.group_size,
                            group_size=cfg.group_size, seed=base, progress=False, run_id=f"step{step}{self.run_tag}",
-                           max_calls=self.max_calls)
+                           max_calls=self.max_calls, monitor=self.monitor)
         finally:
+            self.last_rollout_s = time.perf_counter() - t0
             self._rest()
 
     def evaluate(self) -> dict[str, float]:
@@ -574,6 +597,8 @@ class Trainer:
         self.critic = Critic(self.student) if cfg.advantage == "gae" else None
         self.twin = self._go_parallel()  # whole weights for rollouts: the student itself in one process
         self.roller = Roller(cfg, self.twin, self.tokenizer)
+        if cfg.prune_opd and cfg.prune_stop and self.teacher is not None:
+            self.roller.monitor = self._drift_monitor()
         if self.world.enabled:
             self.roller.questions = distributed.question_share(cfg.questions_per_step, self.world)
             self.roller.run_tag = f"-r{self.world.rank}"
@@ -595,6 +620,17 @@ class Trainer:
         self.step_rows: list[dict[str, Any]] = []  # the metrics rows of self.step, saved with its checkpoint
         self.made_run_dir = False
         self.logger = self._open_run_dir()
+
+    def _drift_monitor(self) -> Any:
+        """Prune-OPD's rollout side: both models with whole weights (the rollout's student, and the
+        teacher, which is sharded only with --teacher-parallel fsdp, refused with it)."""
+        from memopd.prune import DriftMonitor
+
+        cfg = self.cfg
+        return DriftMonitor(lambda b: action_states(self.twin, b, lowering=cfg.attn),
+                            lambda b: action_states(self.teacher, b, lowering=cfg.attn),
+                            k=cfg.prune_topk, threshold=cfg.prune_threshold, patience=cfg.prune_patience,
+                            pack_tokens=cfg.pack_tokens, pad_token_id=_pad_id(self.tokenizer), chunk_size=cfg.kl_chunk)
 
     def _teacher_spec(self) -> str:
         """``--teacher auto`` is built once per machine, by its local rank 0, while the machine's
@@ -772,15 +808,32 @@ class Trainer:
             return self._async_step()
         t0 = time.perf_counter()
         probe = self._depth_probe()
+        monitor = self.roller.monitor
+        if monitor is not None:
+            monitor.reset()
         episodes = self._stale(self.rollout())
         self.last_episodes = episodes
         metrics = self.learn(episodes, rollout_s=time.perf_counter() - t0)
+        if monitor is not None:
+            metrics.update(self._stop_stats(monitor, episodes))
         if self.cfg.adaptive_depth:
             if probe:
                 self.history["depth"] = self._choose_depth(self.last_turn_kl)
             metrics.update({"depth/limit": float(self.roller.max_calls or 0), "depth/probe": float(probe),
                             "depth/cut_episodes": _mean([float(bool(e.meta.get("cut"))) for e in episodes])})
         return metrics
+
+    def _stop_stats(self, monitor: Any, episodes: Sequence[Episode]) -> dict[str, float]:
+        """Prune-OPD's rollout stops of this step: episodes stopped, the calls they did not make (the
+        env's turns left: a memory call per chunk and the answer), and the rollout time spent
+        scoring calls; ``prune/rollout_saved_s`` estimates the time the skipped calls would have
+        taken at this rollout's mean time per call."""
+        calls = [len(e.invocations) for e in episodes]
+        skipped = sum(max(0, int(e.meta.get("turns", c)) - c) for e, c in zip(episodes, calls) if e.meta.get("cut"))
+        per_call = self.roller.last_rollout_s / max(1, sum(calls))
+        return {"prune/stopped_episodes": _mean([float(bool(e.meta.get("cut"))) for e in episodes]),
+                "prune/calls_skipped": float(skipped), "prune/monitor_s": monitor.seconds,
+                "prune/rollout_saved_s": skipped * per_call}
 
     def _async_step(self) -> dict[str, float]:
         """--async-rollouts: train on the workers' next batch, then publish the new weights (the
