@@ -225,6 +225,13 @@ class TrainConfig(TrainingOptions):
     audit_every: int = field(20, help="RCE audit (packed vs per-invocation log-probs on 4 of the step's "
                                       "episodes; logs audit/max_abs_diff, audit/passed) every N steps; 0 = off",
                              range=(0, None))
+    time_budget: float = field(0.0, help="stop training after the step at which the steps' cumulative time "
+                                         "(--budget-clock; evaluations not counted) reaches this many seconds; the "
+                                         "final evaluation and export follow as usual (0: run all --steps)",
+                               range=(0.0, None))
+    budget_clock: str = field("wall", help="the clock of --time-budget and of the logged train_clock_s: wall "
+                                           "seconds, or this process's CPU seconds (steadier on a shared machine)",
+                              choices=("wall", "cpu"))
     max_bad_steps: int = field(3, help="stop after this many steps in a row with a non-finite loss",
                                range=(1, None))
     tensorboard: bool = field(False, help="also log to TensorBoard (RUN_DIR/tensorboard)")
@@ -1338,8 +1345,14 @@ class Trainer:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step", disable=not cfg.progress)
+        clock = time.process_time if cfg.budget_clock == "cpu" else time.perf_counter
         while self.step < cfg.steps:
+            t0 = clock()
             metrics = self.train_step()
+            self.history["train_clock"] = self.history.get("train_clock", 0.0) + clock() - t0
+            (spent,) = distributed.all_max([self.history["train_clock"]], self.world)  # every rank stops alike
+            metrics["train_clock_s"] = spent
+            out_of_time = bool(cfg.time_budget) and spent >= cfg.time_budget
             self.step += 1
             self.step_rows = []
             if math.isnan(metrics.get("loss", float("nan"))):
@@ -1362,12 +1375,16 @@ class Trainer:
             if audit is not None:
                 metrics["audit/max_abs_diff"] = audit.max_abs_diff
                 metrics["audit/passed"] = bool(audit.passed)
-            saving = self.bad_steps == 0 and self.step % cfg.save_every == 0
+            saving = self.bad_steps == 0 and (self.step % cfg.save_every == 0 or out_of_time)
             self.log_row(metrics, save=saving)
             bar.update(1)
             bar.set_postfix(f1=f"{metrics['f1']:.3f}", kl=f"{metrics.get('kl/all', float('nan')):.3f}", refresh=False)
             if saving or evaluated:  # drawing costs ~10% of a tiny step: at checkpoints, evaluations and the end
                 self._plot()
+            if out_of_time:
+                self.log(f"time budget: {spent:.0f} s of {cfg.budget_clock} time after step {self.step} "
+                         f"(--time-budget {cfg.time_budget:g}); stopping")
+                break
         bar.close()
         if "eval_after" not in self.history or self.history.get("eval_after_step") != self.step:
             self.history["eval_after"] = self.roller.evaluate()
