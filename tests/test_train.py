@@ -18,7 +18,7 @@ from memopd.runlog import read_metrics
 FAST = ["--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size", "2",
         "--max-new-tokens", "12", "--eval-episodes", "4", "--eval-every", "0", "--student-warmup-steps", "0",
         "--teacher", "tiny-teacher", "--no-progress", "--pack-tokens", "1024"]
-TIMING = {"tokens_per_s", "rollout_s", "step_s"}
+TIMING = {"tokens_per_s", "rollout_s", "step_s", "train_clock_s", "prune/monitor_s", "prune/rollout_saved_s"}
 
 
 def _cfg(tmp_path, *extra):
