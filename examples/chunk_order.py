@@ -102,7 +102,8 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
     epochs = tomllib.loads((run_dir / "config.toml").read_text()).get("ppo_epochs", 4)
     # stored tokens a step packs: tokens_per_s counts them once per PPO epoch over the learn time
     stored = [r["tokens_per_s"] * (r["step_s"] - r["rollout_s"]) / epochs for r in steps]
-    return {"f1_before": summary["eval_before"]["f1"], "f1_after": summary["eval_after"]["f1"],
+    curve = {r["step"]: r["eval/f1"] for r in rows if "eval/f1" in r}
+    return {"curve": curve, "f1_before": summary["eval_before"]["f1"], "f1_after": summary["eval_after"]["f1"],
             "f1_teacher": (summary.get("eval_teacher") or {}).get("f1"),
             "stored_tokens": statistics.median(stored) if stored else None,
             "step_s": statistics.median(r["step_s"] for r in steps[1:]) if len(steps) > 1 else None}
@@ -112,9 +113,13 @@ def report(out: Path, seeds: list[int], wall: float) -> dict[str, Any]:
     res: dict[str, Any] = {"seeds": seeds, "wall_s": wall, "orders": {}}
     for order in ORDERS:
         runs = [run_stats(out / order / f"seed-{s}") for s in seeds]
-        agg = {k: mean_std([r[k] for r in runs if r[k] is not None]) for k in runs[0] if
+        agg = {k: mean_std([r[k] for r in runs if r[k] is not None]) for k in runs[0] if k != "curve" and
                any(r[k] is not None for r in runs)}
-        res["orders"][order] = {"runs": runs, **{k: {"mean": m, "std": sd} for k, (m, sd) in agg.items()}}
+        steps = sorted(set.intersection(*(set(r["curve"]) for r in runs)))
+        curve = {t: mean_std([r["curve"][t] for r in runs]) for t in steps}
+        res["orders"][order] = {"runs": runs, **{k: {"mean": m, "std": sd} for k, (m, sd) in agg.items()},
+                                "curve": {"mean": {t: m for t, (m, _) in curve.items()},
+                                          "std": {t: sd for t, (_, sd) in curve.items()}}}
     (out / "results.json").write_text(json.dumps(res, indent=2))
     lines = ["| prompt order | teacher F1 | student F1 before | student F1 after (mean ± std) | per seed | "
              "stored tokens a step | step s |", "|---|---|---|---|---|---|---|"]
@@ -123,6 +128,12 @@ def report(out: Path, seeds: list[int], wall: float) -> dict[str, Any]:
         lines.append(f"| {ORDERS[order]} | {r['f1_teacher']['mean']:.3f} | {r['f1_before']['mean']:.3f} | "
                      f"{r['f1_after']['mean']:.3f} ± {r['f1_after']['std']:.3f} | {per} | "
                      f"{r['stored_tokens']['mean']:.0f} | {r['step_s']['mean']:.2f} |")
+    steps = list(next(iter(res["orders"].values()))["curve"]["mean"])
+    lines += ["", "| prompt order | " + " | ".join(f"F1 at step {t}" for t in steps) + " |",
+              "|---|" + "---|" * len(steps)]
+    for order, r in res["orders"].items():
+        lines.append(f"| {ORDERS[order]} | " + " | ".join(
+            f"{r['curve']['mean'][t]:.3f} ± {r['curve']['std'][t]:.3f}" for t in steps) + " |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return res
@@ -137,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from memgym.cli import set_threads
 
-    set_threads(args.jobs)
+    set_threads(1)  # one thread a process: on a shared 2-core machine more threads thrash
     b = SMOKE if args.smoke else FULL
     out, seeds, t0 = Path(args.out), [int(s) for s in args.seeds.split(",") if s], time.perf_counter()
     made = {}
