@@ -27,7 +27,7 @@ from agents.records import Episode, load_episodes
 from memgym.cli import run_main, set_threads
 from memopd import config as cfgmod
 from memopd.config import LR_SCHEDULES, ConfigError, TrainingOptions, field, lr_lambda
-from memopd.packing import pack_episodes
+from memopd.packing import fitting_budget, pack_episodes
 from memopd.scoring import action_states, token_logprobs
 
 
@@ -51,6 +51,11 @@ class SFTConfig(TrainingOptions):
                                             "trajectories on --env")
     num_episodes: int = field(2000, help="oracle trajectories to generate when --episodes is not given",
                               range=(1, None))
+    context: str = field("aligned", help="the context each action is trained in: aligned (its call's own prompt, "
+                                         "as the agent runs), persistent (the episode's flattened transcript, as a "
+                                         "persistent-history teacher scores it), or both (each step the mean of the "
+                                         "two losses on the same episodes: a teacher fit for both kinds of state)",
+                         choices=("aligned", "persistent", "both"))
     steps: int = field(300, help="optimizer steps", range=(1, None))
     batch_episodes: int = field(32, help="episodes per optimizer step", range=(1, None))
 
@@ -76,9 +81,15 @@ def oracle_episodes(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any, num
 
 
 def nll_loss(model: torch.nn.Module, episodes: Sequence[Episode], pack_tokens: int,
-             pad_token_id: int = 0, lowering: str | None = None) -> tuple[torch.Tensor, int]:
-    """Mean negative log-likelihood of the action tokens of ``episodes`` (packed, state-aligned)."""
-    batch = pack_episodes(episodes, pack_tokens, mode="aligned", pad_token_id=pad_token_id)
+             pad_token_id: int = 0, lowering: str | None = None, context: str = "aligned") -> tuple[torch.Tensor, int]:
+    """Mean negative log-likelihood of the action tokens of ``episodes``, packed in ``context``:
+    ``aligned`` (each call's own prompt), ``persistent`` (each episode's flattened transcript; rows
+    widened to hold the longest) or ``both`` (the mean of the two means)."""
+    if context == "both":
+        parts = [nll_loss(model, episodes, pack_tokens, pad_token_id, lowering, c) for c in ("aligned", "persistent")]
+        return (parts[0][0] + parts[1][0]) / 2, parts[0][1]
+    budget = fitting_budget(episodes, context, pack_tokens) if context == "persistent" else pack_tokens
+    batch = pack_episodes(episodes, budget, mode=context, pad_token_id=pad_token_id)
     states = action_states(model, batch, lowering=lowering, apply_temperature=False)
     logp, _, _ = token_logprobs(states, batch.action_ids)
     return -logp.mean(), batch.num_actions
@@ -107,7 +118,8 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
             order += fresh
         idx, order = order[:cfg.batch_episodes], order[cfg.batch_episodes:]
         t0 = time.perf_counter()
-        loss, n_tok = nll_loss(model, [episodes[i] for i in idx], cfg.pack_tokens, pad_token_id, cfg.attn)
+        loss, n_tok = nll_loss(model, [episodes[i] for i in idx], cfg.pack_tokens, pad_token_id, cfg.attn,
+                               cfg.context)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"SFT loss is {loss.item()} at step {step}; lower --lr")
         opt.zero_grad(set_to_none=True)
