@@ -1,22 +1,27 @@
 """TurnOPD and Prune-OPD against vanilla OPD at the same compute budget, with and without drift.
 
     python examples/turn_prune_opd.py                      # the experiment of docs/RESULTS.md
-    python examples/turn_prune_opd.py --smoke --out DIR    # the pipeline in well under a minute (CI)
+    python examples/turn_prune_opd.py --smoke --out DIR    # the pipeline in about a minute (CI)
 
 A long LongQA setting with tail turns: one fact in one of 12 chunks of 24 tokens, a 16-token
 memory, 13 model calls an episode (12 memory writes, then the answer). Steps:
 
-  1. teacher   `tiny-teacher` fine-tuned by memopd.sft on 1,000 oracle trajectories (250 steps of 32)
-  2. student   the `tiny` preset warm-started by memopd.sft on oracle trajectories (200 steps of 32):
-               the format, not yet the fact. Both SFTs use the task with 3 chunks (`sft_chunks`):
-               every call sees the same kind of state as with 12, and a tiny model trained on
-               mostly-empty 12-chunk episodes stays on its copy plateau (examples/reproduce_memopd.py)
-  3. drift teacher  the teacher fine-tuned further on 12-chunk oracle trajectories whose memory
-               writes change format from turn `switch_turn` (4) on: the fact's words reversed
-               (`acme alice .` for `alice acme .`), and the answer read from that memory. The turn is
-               visible to it (chunk t starts with `Document t+1`), so from turn 4 its memory writes
-               disagree with the student's, which learnt the normal format: a teacher that is only
-               partly compatible with the student
+  1. teacher   the `tiny` preset (0.62M params) fine-tuned by memopd.sft on 1,000 oracle
+               trajectories, 200 steps of 32: held-out F1 1.0 on the 12-chunk task
+  2. student   the teacher's own SFT run stopped at step 120 of its 200 (same data, seed and
+               schedule): mid-way across the copy plateau, it writes the format and copies the fact
+               only sometimes (held-out F1 0.22). Both SFTs use the task with 3 chunks
+               (`sft_chunks`): every call sees the same kind of state as with 12, and a tiny model
+               trained on mostly-empty 12-chunk episodes stays on its copy plateau (see
+               examples/reproduce_memopd.py). Warm starts of 110-180 steps on their own (shorter)
+               cosine schedules had not left the plateau (F1 0.03) and OPD did not move them in
+               10-15 steps; a `tiny-teacher` given 250 steps had not crossed it either
+  3. drift teacher  the teacher fine-tuned further (60 steps of 16, lr 2e-3) on 400 12-chunk oracle
+               trajectories whose memory writes change format from turn `switch_turn` (4) on: each
+               fact's words reversed (`acme alice .` for `alice acme .`), the answer read from that
+               memory as before. The turn is visible to it (chunk t starts with `Document t+1`), so
+               from turn 4 on its memory writes disagree with the student's, which learnt the normal
+               format: a teacher that is only partly compatible with the student
   4. arms      `python -m memopd.train` from the one warm student, OPD only (`--reward none`), the
                same rollouts per step, epochs and learning rate, and the same compute budget:
                `--time-budget T --budget-clock cpu` (the process's CPU seconds of the steps, one
@@ -25,11 +30,15 @@ memory, 13 model calls an episode (12 memory writes, then the answer). Steps:
                  turnopd-depth  --adaptive-depth
                  turnopd-loss   --opd-weighting progressive
                  turnopd-both   both
-                 prune-opd      --prune-opd (drift down-weighting and rollout stop)
-               in the main setting (the teacher of 1.) and vanilla vs prune-opd with the drift teacher
+                 prune-opd      --prune-opd (drift down-weighting and rollout stop, default detector)
+                 prune-opd-p2   --prune-opd --prune-patience 2 (drift setting only)
+               in the main setting (the teacher of 1.) and vanilla vs both Prune-OPD arms with the
+               drift teacher
   5. report    held-out F1 against cumulative training CPU seconds (mean ± std over seeds), and a
                table: final held-out F1, steps done within the budget, model calls per episode,
-               tokens trained, CPU seconds to reach a share of vanilla's final F1, drift statistics
+               tokens trained, CPU seconds to reach 90% of vanilla's final F1, drift statistics; and
+               where Prune-OPD looks: the top-k overlap of each teacher with the warm student on its
+               own samples, per turn, and the episodes the drift rule flags at each patience
 
 OPD only, not PPO + OPD: both methods change what the distillation term sees (which turns are
 rolled out, how tokens are weighed, which are kept), and an episode cut by either has no answer
@@ -38,8 +47,8 @@ paper's vanilla baseline is OPD alone, and on this task PPO adds nothing measura
 (docs/RESULTS.md, "What does not match").
 
 Everything lands in --out (default runs/turn-prune): teacher/, student/, drift-teacher/ (shared by
-every arm), runs/<setting>/<arm>/seed-<s>/ (run directories, each with a train.log), results.json,
-results.md and curves.png. A rerun reuses finished work and resumes an unfinished run from its last
+every arm), runs/<setting>/<arm>/seed-<s>/ (run directories, each with its log beside it),
+results.json, results.md, drift_diagnostic.json and curves.png. A rerun reuses finished work and resumes an unfinished run from its last
 checkpoint. Runs go `--jobs` at a time, each a subprocess with one torch thread.
 """
 
@@ -68,17 +77,22 @@ ARMS: dict[str, list[str]] = {
     "turnopd-loss": ["--opd-weighting", "progressive"],
     "turnopd-both": ["--adaptive-depth", "--opd-weighting", "progressive"],
     "prune-opd": ["--prune-opd"],
+    "prune-opd-p2": ["--prune-opd", "--prune-patience", "2"],
 }
 """The flags that define an arm; everything else is the same command."""
 
 SETTINGS: dict[str, tuple[str, list[str]]] = {
-    "main": ("teacher", list(ARMS)),
-    "drift": ("drift-teacher", ["vanilla", "prune-opd"]),
+    "main": ("teacher", [a for a in ARMS if a != "prune-opd-p2"]),
+    "drift": ("drift-teacher", ["vanilla", "prune-opd", "prune-opd-p2"]),
 }
 """setting -> (its teacher, its arms)."""
 
 LABELS = {"vanilla": "vanilla OPD", "turnopd-depth": "TurnOPD, depth only", "turnopd-loss": "TurnOPD, loss only",
-          "turnopd-both": "TurnOPD, both", "prune-opd": "Prune-OPD"}
+          "turnopd-both": "TurnOPD, both", "prune-opd": "Prune-OPD",
+          "prune-opd-p2": "Prune-OPD, patience 2"}
+
+TITLES = {"main": "no drift: the student's own teacher",
+          "drift": "drift: the drift teacher (memory writes reversed from turn 4)"}
 
 REUSED: list[str] = []
 
@@ -87,25 +101,25 @@ REUSED: list[str] = []
 class Budget:
     """What every arm gets, and the models they share."""
 
-    time_budget: float = 75.0
-    steps: int = 80
+    time_budget: float = 50.0
+    steps: int = 60
     questions_per_step: int = 4
     group_size: int = 4
     ppo_epochs: int = 2
     lr: float = 2e-3
     max_new_tokens: int = 24
-    eval_every: int = 4
+    eval_every: int = 5
     eval_episodes: int = 32
     opd_turn_end: float = 0.2
     depth_probe_every: int = 5
+    prune_topk: int = 8
     prune_threshold: float = 0.25
     prune_patience: int = 4
     sft_chunks: int = 3
     teacher_steps: int = 200
     teacher_batch: int = 32
     teacher_episodes: int = 1000
-    warmup_steps: int = 140
-    warmup_batch: int = 32
+    warmup_steps: int = 120
     drift_steps: int = 60
     drift_batch: int = 16
     drift_episodes: int = 400
@@ -113,8 +127,8 @@ class Budget:
 
 
 SMOKE = Budget(time_budget=1.0, steps=2, questions_per_step=2, group_size=2, ppo_epochs=1, max_new_tokens=8,
-               eval_every=1, eval_episodes=2, depth_probe_every=2, sft_chunks=2, teacher_steps=2, teacher_batch=2,
-               teacher_episodes=4, warmup_steps=2, warmup_batch=2, drift_steps=2, drift_batch=2, drift_episodes=4,
+               eval_every=1, eval_episodes=2, depth_probe_every=2, sft_chunks=2, teacher_steps=10, teacher_batch=2,
+               teacher_episodes=4, warmup_steps=5, drift_steps=2, drift_batch=2, drift_episodes=4,
                switch_turn=2)
 
 
@@ -200,12 +214,9 @@ def build(what: str, out: Path, b: Budget, env_kwargs: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     sft_kwargs = {**env_kwargs, "num_chunks": b.sft_chunks}
-    if what == "teacher":
+    if what in ("teacher", "student"):  # the student: the teacher's SFT run, stopped at step b.warmup_steps
         base, kw, n, steps, batch, seed, lr, switch = "tiny", sft_kwargs, b.teacher_episodes, \
             b.teacher_steps, b.teacher_batch, 7, 3e-3, None
-    elif what == "student":
-        base, kw, n, steps, batch, seed, lr, switch = "tiny", sft_kwargs, b.teacher_episodes, \
-            b.warmup_steps, b.warmup_batch, 11, 3e-3, None
     else:
         base, kw, n, steps, batch, seed, lr, switch = str(out / "teacher"), env_kwargs, b.drift_episodes, \
             b.drift_steps, b.drift_batch, 2000, 2e-3, b.switch_turn
@@ -213,11 +224,24 @@ def build(what: str, out: Path, b: Budget, env_kwargs: dict[str, Any]) -> None:
     model, tok = load(base)
     eps = oracle_episodes(kw, tok, n, seed=seed, switch_turn=switch)
     cfg = SFTConfig(model=base, steps=steps, batch_episodes=batch, lr=lr, warmup_steps=min(20, steps // 5), seed=seed)
+    stop_at = b.warmup_steps if what == "student" else steps
+
+    class Stop(Exception):
+        pass
+
+    def log(message: str) -> None:  # memopd.sft logs after every tenth of the steps' update
+        print(f"   {what}: {message}", file=sys.stderr, flush=True)
+        if message.startswith(f"sft step {stop_at}/") and stop_at < steps:
+            raise Stop
+
     t0 = time.process_time()
-    history = train_sft(model, eps, cfg, pad_token_id=tok.pad_token_id or 0, progress=False,
-                        log=lambda m: print(f"   {what}: {m}", file=sys.stderr, flush=True))
-    info = {"base": base, "env_kwargs": kw, "episodes": n, "steps": steps, "batch": batch, "lr": lr,
-            "switch_turn": switch, "cpu_s": time.process_time() - t0}
+    history: list[dict[str, Any]] = []
+    try:
+        history = train_sft(model, eps, cfg, pad_token_id=tok.pad_token_id or 0, progress=False, log=log)
+    except Stop:
+        model.eval()
+    info = {"base": base, "env_kwargs": kw, "episodes": n, "schedule_steps": steps, "steps": stop_at,
+            "batch": batch, "lr": lr, "seed": seed, "switch_turn": switch, "cpu_s": time.process_time() - t0}
     save_pretrained(out / what, model, tok, files={"sft_metrics.jsonl": "".join(json.dumps(r) + "\n" for r in history),
                                                    "build.json": json.dumps(info, indent=2)})
 
@@ -237,7 +261,7 @@ def build_sub(what: str, args: argparse.Namespace) -> Path:
         cmd += ["--" + f.name.replace("_", "-"), str(getattr(args.budget, f.name))]
     t0 = time.perf_counter()
     with (out / f"{what}.log").open("a") as fh:
-        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        done = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise RuntimeError(f"building {what} failed (exit {done.returncode}); see {out / f'{what}.log'}")
     print(f"{what}: built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -279,7 +303,7 @@ def train_command(setting: str, arm: str, seed: int, args: argparse.Namespace) -
             "--max-new-tokens", str(b.max_new_tokens), "--eval-every", str(b.eval_every),
             "--eval-episodes", str(b.eval_episodes), "--save-every", "5", "--audit-every", "0",
             "--opd-turn-end", str(b.opd_turn_end), "--depth-probe-every", str(b.depth_probe_every),
-            "--prune-threshold", str(b.prune_threshold), "--prune-patience", str(b.prune_patience),
+            "--prune-topk", str(b.prune_topk), "--prune-threshold", str(b.prune_threshold), "--prune-patience", str(b.prune_patience),
             *ARMS[arm]]
     return cmd
 
@@ -298,7 +322,7 @@ def run_one(setting: str, arm: str, seed: int, args: argparse.Namespace) -> Path
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with log.open("a") as fh:
-        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        done = subprocess.run(cmd, check=False, stdout=fh, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise RuntimeError(f"{setting} {arm} seed {seed} failed (exit {done.returncode}); see {log}")
     print(f"   {setting} {arm} seed {seed}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -332,17 +356,22 @@ def run_stats(run_dir: Path) -> dict[str, Any]:
             curve["clock_s"].append(clock.get(r["step"], 0.0))
             curve["f1"].append(r["eval/f1"])
 
-    def avg(key: str) -> float | None:
-        vals = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    def avg(key: str, positive: bool = False) -> float | None:
+        vals = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+                and (r[key] > 0 or not positive)]
         return sum(vals) / len(vals) if vals else None
 
+    half = steps[-1]["train_clock_s"] / 2 if steps else 0.0
+    late = [f for c, f in zip(curve["clock_s"], curve["f1"]) if c >= half and c > 0]
     return {"f1_before": summary["eval_before"]["f1"], "f1_after": summary["eval_after"]["f1"],
+            "f1_late": sum(late) / len(late) if late else None,
             "f1_teacher": (summary.get("eval_teacher") or {}).get("f1"), "steps": len(steps),
             "clock_s": steps[-1]["train_clock_s"] if steps else 0.0,
             "calls_per_episode": avg("calls_per_episode"),
             "tokens_trained": sum(r.get("action_tokens", 0) for r in steps),
             "overlap": avg("prune/overlap"), "drift_episodes": avg("prune/drift_episodes"),
-            "stopped_episodes": avg("prune/stopped_episodes"), "depth_limit": avg("depth/limit"),
+            "stopped_episodes": avg("prune/stopped_episodes"),
+            "depth_limit": avg("depth/limit", positive=True),  # the cut steps' limit (0 logs a full probe)
             "cut_episodes": avg("depth/cut_episodes"), "curve": curve}
 
 
@@ -377,7 +406,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         if res.get("teacher_f1") is not None:
             ax.axhline(res["teacher_f1"], color="k", ls="--", lw=1, label="teacher")
         ax.axvline(results["budget"]["time_budget"], color="grey", ls=":", lw=1)
-        ax.set_title(f"{setting}: teacher {SETTINGS[setting][0]}", fontsize=9)
+        ax.set_title(TITLES[setting], fontsize=9)
         ax.set_xlabel("cumulative training CPU seconds (1 thread; evaluations excluded)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
@@ -399,13 +428,14 @@ def markdown(results: dict[str, Any]) -> str:
              f"{b['questions_per_step']} questions x {b['group_size']} samples a step, {b['ppo_epochs']} epochs, "
              f"lr {b['lr']}; budget {b['time_budget']:.0f} training CPU seconds a run (one thread), at most "
              f"{b['steps']} steps; held-out F1 on {b['eval_episodes']} test episodes (greedy) every "
-             f"{b['eval_every']} steps and after the last; mean ± std over seeds {results['seeds']}."]
+             f"{b['eval_every']} steps and after the last; mean ± std over seeds {results['seeds']}. *F1, second half*: "
+             "the mean of a run's evaluations in the second half of its budget (less noisy than one evaluation)."]
     for setting, res in results["settings"].items():
         lines += ["", f"**{setting}** (teacher `{SETTINGS[setting][0]}`: held-out F1 {res['teacher_f1']:.3f} in its "
                       f"own rollouts; warm student {results['student_f1']:.3f})", "",
-                  "| arm | final F1 | per seed | steps in budget | calls / episode | tokens trained | "
+                  "| arm | final F1 | per seed | F1, second half | steps in budget | calls / episode | tokens trained | "
                   f"CPU s to F1 >= {res['target']:.2f} | drifted / stopped episodes | depth limit |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for arm, row in res["arms"].items():
             per = ", ".join(f"{r['f1_after']:.3f}" for r in row["runs"])
             reached = [t for t in row["time_to_target"] if t is not None]
@@ -414,13 +444,74 @@ def markdown(results: dict[str, Any]) -> str:
             drift = (f"{fmt(row['drift_episodes'], 2)} / {fmt(row['stopped_episodes'], 2)}"
                      if not math.isnan(row["drift_episodes"][0]) else "")
             depth = fmt(row["depth_limit"], 1) if not math.isnan(row["depth_limit"][0]) else ""
-            lines.append(f"| {LABELS[arm]} | {fmt(row['f1'])} | {per} | {fmt(row['steps'], 1)} | "
+            lines.append(f"| {LABELS[arm]} | {fmt(row['f1'])} | {per} | {fmt(row['f1_late'])} | {fmt(row['steps'], 1)} | "
                          f"{fmt(row['calls_per_episode'], 2)} | {fmt(row['tokens_trained'], 0)} | {tt} | {drift} | "
                          f"{depth} |")
+    dd = results.get("drift_diagnostic")
+    if dd:
+        pats = list(next(iter(dd["teachers"].values()))["flagged_by_patience"])
+        lines += ["", f"Where Prune-OPD looks, at the warm start: {dd['episodes']} train episodes sampled by the warm "
+                      f"student; top-{dd['k']} overlap with each teacher at every sampled token, the share below "
+                      f"{dd['threshold']}, and the episodes the drift rule flags with each patience.", "",
+                  "| teacher | mean overlap | below threshold | overlap per turn | "
+                  + " | ".join(f"flagged, patience {p}" for p in pats) + " |",
+                  "|---|---|---|---|" + "---|" * len(pats)]
+        for name, t in dd["teachers"].items():
+            lines.append(f"| {name} | {t['overlap']:.3f} | {t['low_share']:.3f} | "
+                         + " ".join(f"{x:.2f}" for x in t["per_turn"]) + " | "
+                         + " | ".join(f"{t['flagged_by_patience'][p]}/{dd['episodes']}" for p in pats) + " |")
     reused = f" (it reused {len(results['reused'])} finished parts of an earlier one)" if results["reused"] else ""
     lines += ["", f"Wall-clock of this invocation: {results['wall_s'] / 60:.1f} min{reused}. Versions: "
                   + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + "."]
     return "\n".join(lines) + "\n"
+
+
+def drift_diagnostic(args: argparse.Namespace, episodes: int = 32) -> dict[str, Any]:
+    """How far each teacher is from the warm student where Prune-OPD looks: on ``episodes`` train
+    episodes sampled (temperature 1) by the warm student, the top-k overlap (the runs' k) of the
+    student's and each teacher's next-token distributions at every sampled token, its mean per turn,
+    and how many episodes the drift rule flags at the runs' threshold with patience 1, 2 and the
+    runs' patience (cached in drift_diagnostic.json)."""
+    out, b = Path(args.out), args.budget
+    cached = out / "drift_diagnostic.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    import gymnasium as gym
+    import torch
+
+    import memgym  # noqa: F401
+    from agents.backends.base import SamplingParams
+    from agents.backends.hf import HFBackend
+    from agents.memagent import MemAgent
+    from agents.models import load
+    from agents.rollout import rollout
+    from memopd import losses
+    from memopd.packing import pack_episodes
+    from memopd.scoring import action_states
+    k = b.prune_topk
+    student, tok = load(out / "student")
+    envs = [gym.make(ENV, split="train", tokenizer=tok, **args.env_kwargs) for _ in range(8)]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=b.max_new_tokens)
+    eps = rollout(envs, MemAgent(HFBackend(student, tok, seed=0), sampling=sampling), episodes, seed=30_000,
+                  progress=False, run_id="drift-diagnostic")
+    batch = pack_episodes(eps, 4096, mode="aligned", pad_token_id=tok.pad_token_id or 0)
+    res: dict[str, Any] = {"episodes": len(eps), "k": k, "threshold": b.prune_threshold, "teachers": {}}
+    with torch.no_grad():
+        s_states = action_states(student, batch)
+        for name in sorted({t for t, _ in SETTINGS.values()}):
+            teacher, _ = load(out / name)
+            ov = losses.overlap_from_states(s_states, k, teacher=action_states(teacher, batch)).float()
+            turns = batch.token_map[:, 1]
+            flagged = {}
+            for patience in sorted({1, 2, b.prune_patience}):
+                _, events = losses.drift_weights(ov, batch.token_map, b.prune_threshold, patience, 0.5)
+                flagged[str(patience)] = len(events)
+            res["teachers"][name] = {
+                "overlap": float(ov.mean()), "low_share": float((ov < b.prune_threshold).float().mean()),
+                "per_turn": [float(ov[turns == j].mean()) for j in range(int(turns.max()) + 1)],
+                "flagged_by_patience": flagged}
+    cached.write_text(json.dumps(res, indent=2))
+    return res
 
 
 def versions() -> dict[str, str]:
@@ -444,6 +535,7 @@ def report(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         for arm in arms:
             runs = [run_stats(run_path(out, setting, arm, s)) for s in args.seed_list]
             res["arms"][arm] = {"runs": runs, "f1": mean_std([r["f1_after"] for r in runs]),
+                                "f1_late": mean_std([r["f1_late"] for r in runs]),
                                 **{k: mean_std([r[k] for r in runs]) for k in
                                    ("steps", "clock_s", "calls_per_episode", "tokens_trained", "overlap",
                                     "drift_episodes", "stopped_episodes", "depth_limit", "cut_episodes")}}
@@ -452,6 +544,7 @@ def report(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         for row in res["arms"].values():
             row["time_to_target"] = [time_to(r["curve"], res["target"]) for r in row["runs"]]
         results["settings"][setting] = res
+    results["drift_diagnostic"] = drift_diagnostic(args, episodes=4 if args.smoke else 32)
     results["wall_s"] = time.perf_counter() - t0
     results["reused"] = list(REUSED)
     results["versions"] = versions()
