@@ -48,8 +48,9 @@ paper's vanilla baseline is OPD alone, and on this task PPO adds nothing measura
 
 Everything lands in --out (default runs/turn-prune): teacher/, student/, drift-teacher/ (shared by
 every arm), runs/<setting>/<arm>/seed-<s>/ (run directories, each with its log beside it),
-results.json, results.md, drift_diagnostic.json and curves.png. A rerun reuses finished work and resumes an unfinished run from its last
-checkpoint. Runs go `--jobs` at a time, each a subprocess with one torch thread.
+results.json, results.md, drift_diagnostic.json and curves.png. A rerun reuses finished work and
+resumes an unfinished run from its last checkpoint. Runs go `--jobs` at a time, each a subprocess
+with one torch thread.
 """
 
 from __future__ import annotations
