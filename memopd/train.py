@@ -134,10 +134,11 @@ class TrainConfig(TrainingOptions):
                                              "within a call, then over calls), progressive (token to turn over "
                                              "training, TurnOPD's loss budgeting; see --opd-turn-start/end/shape)",
                                choices=losses.OPD_WEIGHTINGS)
-    opd_turn_start: float = field(0.0, help="progressive: fraction of the steps at which the move from token to "
-                                            "turn weighting starts", range=(0.0, 1.0))
-    opd_turn_end: float = field(0.5, help="progressive: fraction of the steps from which the weighting is all turn",
-                                range=(0.0, 1.0))
+    opd_turn_start: float = field(0.0, help="progressive: fraction of the steps (of --time-budget when one is "
+                                            "set) at which the move from token to turn weighting starts",
+                                  range=(0.0, 1.0))
+    opd_turn_end: float = field(0.5, help="progressive: fraction of the steps (of --time-budget when one is set) "
+                                          "from which the weighting is all turn", range=(0.0, 1.0))
     opd_turn_shape: str = field("linear", help="progressive: the ramp between start and end (linear, or a cosine "
                                                "ease)", choices=losses.TURN_SHAPES)
     adaptive_depth: bool = field(False, help="TurnOPD's adaptive rollout depth: every --depth-probe-every steps the "
@@ -952,8 +953,8 @@ class Trainer:
 
         # updates -------------------------------------------------------------------------------
         roles = role_masks(batch, local)
-        share = losses.turn_share(cfg.opd_weighting, self.step / max(1, cfg.steps), cfg.opd_turn_start,
-                                  cfg.opd_turn_end, cfg.opd_turn_shape)
+        share = losses.turn_share(cfg.opd_weighting, self._progress(), cfg.opd_turn_start, cfg.opd_turn_end,
+                                  cfg.opd_turn_shape)
         opd_w = self._opd_weights(batch, share) if teacher_states is not None else None
         lags = torch.tensor([float(self.step - max((i.policy_version for i in e.invocations), default=self.step))
                              for e in local])  # policy versions between each sample's and the one trained
@@ -986,6 +987,13 @@ class Trainer:
         if cfg.adaptive_depth:
             self.last_turn_kl = self._turn_kl(batch, token_kl)
         return metrics
+
+    def _progress(self) -> float:
+        """How far training is, in [0, 1]: the share of --time-budget spent when a budget is set
+        (the steps it allows are not known in advance), else of --steps."""
+        if self.cfg.time_budget:
+            return min(1.0, self.history.get("train_clock", 0.0) / self.cfg.time_budget)
+        return self.step / max(1, self.cfg.steps)
 
     def _turn_kl(self, batch: PackedBatch, token_kl: torch.Tensor) -> list[tuple[float, float]]:
         """(mean, std) over the step's calls of each call's mean teacher KL, per turn (call index),

@@ -32,3 +32,21 @@ def test_without_a_budget_every_step_runs(tmp_path):
     cfg = train.cfgmod.parse_args(train.TrainConfig, FAST[:-4] + ["--steps", "2", "--run-dir", str(tmp_path / "r")],
                                   "t", "")
     assert train.Trainer(train.prepare(cfg), log=lambda m: None).fit()["steps"] == 2
+
+
+def test_progressive_weighting_follows_the_time_budget(tmp_path):
+    """With a time budget the progressive ramp is a share of the budget spent (the steps it allows
+    are not known in advance), else of --steps."""
+    def trainer(name, *extra):
+        args = FAST[:-4] + ["--steps", "10", "--run-dir", str(tmp_path / name), "--opd-weighting", "progressive"]
+        return train.Trainer(train.prepare(train.cfgmod.parse_args(train.TrainConfig, args + list(extra), "t", "")),
+                             log=lambda m: None)
+
+    budgeted = trainer("b", "--time-budget", "8")
+    budgeted.step, budgeted.history["train_clock"] = 5, 2.0
+    assert budgeted._progress() == 0.25
+    budgeted.history["train_clock"] = 20.0
+    assert budgeted._progress() == 1.0
+    plain = trainer("p")
+    plain.step = 5
+    assert plain._progress() == 0.5
