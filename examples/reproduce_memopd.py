@@ -28,6 +28,13 @@ divergence), runs/<divergence>/<arm>/seed-<s>/ (full run directories), and the r
 results-<divergence>.json, results-<divergence>.md, curves-<divergence>.png. A killed experiment
 resumes where it stopped: finished runs are kept, an unfinished run resumes from its last
 checkpoint. `--divergence rkl` runs the arms again with MemOPD's reverse KL beside the default.
+
+The fair matched control (`--teacher-sft-context both`): the teacher is fine-tuned on each call's
+own prompt and on the flattened transcript of the same episodes (memopd.sft --context both), so it
+is competent on both kinds of state the arms score with. It lands in teacher-both/, its runs in
+runs-fair/<divergence>/<arm>/seed-<s>/ and its report in results-fair-<divergence>.* (the warm
+student is shared); the report adds both teachers' action NLL on held-out oracle trajectories of the
+6-chunk task under aligned and persistent context (the aligned-only teacher/ is built for it).
 """
 
 from __future__ import annotations
@@ -91,6 +98,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds (every seed starts from the one warm student)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms out of {list(ARMS)}")
     ap.add_argument("--smoke", action="store_true", help="a tiny budget that checks the pipeline, not the result")
+    ap.add_argument("--teacher-sft-context", choices=("aligned", "both"), default="aligned",
+                    help="the teacher's SFT context: aligned (teacher/, runs/) or both, the fair matched control "
+                         "(teacher-both/, runs-fair/, results-fair-*)")
     for f in dataclasses.fields(Budget):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                         help=f"override the budget's {f.name} (default {f.default}; smoke {getattr(SMOKE, f.name)})")
@@ -107,6 +117,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                if getattr(args, f.name) is not None})
     args.seed_list = [int(s) for s in args.seeds.split(",") if s != ""]
     args.arm_list = [a for a in args.arms.split(",") if a]
+    args.fair = args.teacher_sft_context == "both"
+    args.tree = "runs-fair" if args.fair else "runs"
     return args
 
 
@@ -115,7 +127,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------
 
 def sft_model(model: str, path: Path, steps: int, batch: int, episodes: int, seed: int, b: Budget,
-              args: argparse.Namespace) -> Path:
+              args: argparse.Namespace, context: str = "aligned") -> Path:
     """memopd.sft on oracle trajectories of the task with ``b.sft_chunks`` chunks (see the module doc)."""
     from memopd.sft import SFTConfig, run as run_sft
 
@@ -123,11 +135,12 @@ def sft_model(model: str, path: Path, steps: int, batch: int, episodes: int, see
         print(f"{path.name}: reusing {path}", file=sys.stderr)
         REUSED.append(path.name)
         return path
-    print(f"{path.name}: SFT of {model}, {steps} steps of {batch} oracle trajectories ({b.sft_chunks} chunks)",
-          file=sys.stderr)
+    print(f"{path.name}: SFT of {model}, {steps} steps of {batch} oracle trajectories ({b.sft_chunks} chunks, "
+          f"{context} context)", file=sys.stderr)
     run_sft(SFTConfig(model=model, out=str(path), env=ENV, env_kwargs={**ENV_KWARGS, "num_chunks": b.sft_chunks},
                       num_episodes=episodes, steps=steps, batch_episodes=batch, lr=3e-3,
-                      warmup_steps=min(20, steps // 5), seed=seed, threads=args.threads), progress=args.progress)
+                      warmup_steps=min(20, steps // 5), seed=seed, threads=args.threads, context=context),
+            progress=args.progress)
     return path
 
 
@@ -142,6 +155,28 @@ def heldout_f1(model_dir: Path, b: Budget) -> float:
         cfg = TrainConfig(env=ENV, env_kwargs=ENV_KWARGS, eval_episodes=b.eval_episodes, progress=False)
         cached.write_text(json.dumps(Roller(cfg, model, tok).evaluate()))
     return json.loads(cached.read_text())["f1"]
+
+
+def heldout_nll(model_dir: Path, b: Budget) -> dict[str, float]:
+    """Mean action NLL of a model on ``b.eval_episodes`` held-out oracle trajectories of the task, with
+    each action in its call's own prompt (aligned) and in the flattened transcript (persistent);
+    cached beside the model in heldout_nll.json."""
+    import torch
+
+    from agents.models import load
+    from memopd.sft import SFTConfig, nll_loss, oracle_episodes
+
+    cached = model_dir / "heldout_nll.json"
+    if not cached.is_file():
+        model, tok = load(model_dir)
+        model.eval()
+        episodes = oracle_episodes(ENV, ENV_KWARGS, tok, b.eval_episodes, seed=30_000, split="test", progress=False)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        with torch.no_grad():
+            nll = {c: nll_loss(model, episodes, SFTConfig().pack_tokens, pad, context=c)[0].item()
+                   for c in ("aligned", "persistent")}
+        cached.write_text(json.dumps(nll))
+    return json.loads(cached.read_text())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,8 +196,8 @@ def arm_config(arm: str, seed: int, student: Path, teacher: Path, run_dir: Path,
                        save_every=5, progress=args.progress, **ARMS[arm])
 
 
-def run_path(out: Path, b: Budget, arm: str, seed: int) -> Path:
-    return out / "runs" / b.divergence / arm / f"seed-{seed}"
+def run_path(out: Path, b: Budget, arm: str, seed: int, tree: str = "runs") -> Path:
+    return out / tree / b.divergence / arm / f"seed-{seed}"
 
 
 def run_arm(arm: str, seed: int, student: Path, teacher: Path, out: Path, b: Budget,
@@ -170,7 +205,7 @@ def run_arm(arm: str, seed: int, student: Path, teacher: Path, out: Path, b: Bud
     from memopd.checkpoint import list_checkpoints
     from memopd.train import Trainer, prepare
 
-    run_dir = run_path(out, b, arm, seed)
+    run_dir = run_path(out, b, arm, seed, args.tree)
     if (run_dir / "summary.json").is_file():
         REUSED.append(f"{arm}/seed-{seed}")
         return run_dir
@@ -225,7 +260,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def alignment_tables(out: Path, teacher: Path, seed: int, b: Budget) -> dict[str, Any]:
+def alignment_tables(out: Path, teacher: Path, seed: int, b: Budget, tree: str = "runs") -> dict[str, Any]:
     """Per-turn state alignment on 32 test episodes sampled (temperature 1) by the trained MemOPD
     student of ``seed`` (its warm start when that arm did not run):
       - the sampling student re-scores its own actions: |log p - log p recorded|, aligned vs
@@ -244,7 +279,7 @@ def alignment_tables(out: Path, teacher: Path, seed: int, b: Budget) -> dict[str
     from memopd.checkpoint import load_latest
 
     student, tok = load(out / "student")
-    run_dir = run_path(out, b, "ppo+memopd", seed)
+    run_dir = run_path(out, b, "ppo+memopd", seed, tree)
     source = "warm-start"
     if (run_dir / "summary.json").is_file():
         load_latest(run_dir, {"student": student})
@@ -276,6 +311,13 @@ def markdown(results: dict[str, Any]) -> str:
              f"Teacher F1 {results['teacher_f1']:.3f}; warm-start student "
              f"{results['before_f1'][0]:.3f} ± {results['before_f1'][1]:.3f}.", "",
              "| arm | F1 | EM | per seed | train s/step |", "|---|---|---|---|---|"]
+    nll = results.get("teacher_nll")
+    if nll:
+        lines[1:1] = ["", f"Teachers: held-out F1, and mean action NLL (nats/token) on {results['budget']['eval_episodes']} "
+                          "held-out oracle trajectories in each context.", "",
+                      "| teacher (SFT context) | F1 | NLL aligned | NLL persistent |", "|---|---|---|---|"]
+        lines[6:6] = [f"| {name} | {row['f1']:.3f} | {row['aligned']:.3f} | {row['persistent']:.3f} |"
+                      for name, row in nll.items()]
     for arm, row in results["table"].items():
         lines.append(f"| {arm} | {row['f1'][0]:.3f} ± {row['f1'][1]:.3f} | {row['em'][0]:.3f} ± {row['em'][1]:.3f} | "
                      f"{', '.join(f'{x:.3f}' for x in row['per_seed'])} | {row['s_per_step']:.1f} |")
@@ -311,7 +353,7 @@ def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dic
     for arm in args.arm_list:
         finals, ems, secs = [], [], []
         for seed in args.seed_list:
-            run_dir = run_path(out, b, arm, seed)
+            run_dir = run_path(out, b, arm, seed, args.tree)
             summary = json.loads((run_dir / "summary.json").read_text())
             curves.setdefault(arm, {})[str(seed)] = heldout_curve(run_dir)
             finals.append(summary["eval_after"]["f1"])
@@ -323,15 +365,18 @@ def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dic
     results = {"env": ENV, "env_kwargs": ENV_KWARGS, "arms": {a: ARMS[a] for a in args.arm_list},
                "seeds": args.seed_list, "budget": dataclasses.asdict(b), "teacher_f1": teacher_f1,
                "before_f1": mean_std(before[: len(args.seed_list)]), "table": table, "curves": curves}
+    if args.fair:
+        results["teacher_nll"] = {f"{d} ({c})": {"f1": heldout_f1(out / d, b), **heldout_nll(out / d, b)}
+                                  for d, c in (("teacher", "aligned"), ("teacher-both", "both"))}
     if args.seed_list:
-        results["alignment"] = alignment_tables(out, teacher, args.seed_list[0], b)
+        results["alignment"] = alignment_tables(out, teacher, args.seed_list[0], b, args.tree)
     results["wall_s"] = time.perf_counter() - t0
     results["reused"] = list(REUSED)
     results["versions"] = versions()
     results["command"] = "python examples/reproduce_memopd.py " + " ".join(sys.argv[1:])
-    name = f"results-{b.divergence}"
+    name = f"results-{'fair-' if args.fair else ''}{b.divergence}"
     (out / f"{name}.json").write_text(json.dumps(results, indent=2))
-    plot(results, out / f"curves-{b.divergence}.png")
+    plot(results, out / f"{name.replace('results', 'curves')}.png")
     (out / f"{name}.md").write_text(markdown(results))
     return results
 
@@ -350,6 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"budget: {b}", file=sys.stderr)
     teacher = sft_model("tiny-teacher", out / "teacher", b.teacher_steps, b.teacher_batch, b.teacher_episodes,
                         1000, b, args)
+    if args.fair:  # the aligned-only teacher above stays, for the report's comparison
+        teacher = sft_model("tiny-teacher", out / "teacher-both", b.teacher_steps, b.teacher_batch,
+                            b.teacher_episodes, 1000, b, args, context="both")
     student = sft_model("tiny", out / "student", b.warmup_steps, b.warmup_batch, 1000, 7, b, args)
     print(f"held-out F1 on the task: teacher {heldout_f1(teacher, b):.3f}, warm student {heldout_f1(student, b):.3f}",
           file=sys.stderr)
@@ -358,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_arm(arm, seed, student, teacher, out, b, args)
     results = report(out, teacher, args, t0)
     print(markdown(results))
-    d = args.budget.divergence
+    d = ("fair-" if args.fair else "") + args.budget.divergence
     print(f"results: {out / f'results-{d}.md'}, {out / f'results-{d}.json'}, {out / f'curves-{d}.png'}")
     return 0
 

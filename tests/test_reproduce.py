@@ -83,3 +83,25 @@ def test_unknown_arm_is_refused(reproduce, capsys):
     with pytest.raises(SystemExit):
         reproduce.main(["--arms", "ppo,sft"])
     assert "unknown arm(s) ['sft']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_fair_control_smoke(reproduce, tmp_path):
+    """--teacher-sft-context both: a teacher fine-tuned on both kinds of state in teacher-both/, its
+    runs in runs-fair/, its report in results-fair-*, both teachers' NLL in each context."""
+    arms = ["ppo+opd-persist", "ppo+memopd"]
+    assert reproduce.main(["--smoke", "--teacher-sft-context", "both", "--seeds", "0", "--arms", ",".join(arms),
+                           "--out", str(tmp_path), "--no-progress", "--threads", "1"]) == 0
+    assert json.loads((tmp_path / "teacher-both" / "sft_config.json").read_text())["context"] == "both"
+    assert json.loads((tmp_path / "teacher" / "sft_config.json").read_text())["context"] == "aligned"
+    assert not (tmp_path / "runs").exists()
+    for arm in arms:
+        run_dir = tmp_path / "runs-fair" / "fkl" / arm / "seed-0"
+        assert (run_dir / "summary.json").is_file()
+        assert 'teacher-both"' in (run_dir / "config.toml").read_text()
+    res = json.loads((tmp_path / "results-fair-fkl.json").read_text())
+    assert list(res["table"]) == arms
+    assert set(res["teacher_nll"]) == {"teacher (aligned)", "teacher-both (both)"}
+    assert all(row["aligned"] > 0 and row["persistent"] > 0 for row in res["teacher_nll"].values())
+    assert "| teacher-both (both) |" in (tmp_path / "results-fair-fkl.md").read_text()
+    assert (tmp_path / "curves-fair-fkl.png").is_file()
