@@ -53,6 +53,7 @@ BUILTIN_AGENTS = {
     "memagent": "agents.memagent:MemAgent",
     "fullcontext": "agents.baselines:FullContextAgent",
     "rag": "agents.baselines:RAGAgent",
+    "rag-bm25": "agents.rag:RAGAgent",
     "oracle": "agents.oracle:OracleAgent",
 }
 """The agents memopd ships (name -> ``module:Class``), also registered as entry points."""
