@@ -8,7 +8,7 @@ An agent is named on the command line (``--agent NAME|module:Class``) as
       [project.entry-points."memopd.agents"]
       notes = "my_package.notes:NotesAgent"
 
-  memopd registers its own four (memagent, fullcontext, rag, oracle) the same way, and keeps
+  memopd registers its own five (memagent, fullcontext, rag, rag-memagent, oracle) the same way, and keeps
   them in :data:`BUILTIN_AGENTS` too, so a source checkout that was not reinstalled finds them;
 - or ``module:Class``: a :class:`agents.policy.MemoryPolicy` subclass importable from an
   installed package or, as ``python -m`` does, from the current directory
@@ -53,7 +53,7 @@ BUILTIN_AGENTS = {
     "memagent": "agents.memagent:MemAgent",
     "fullcontext": "agents.baselines:FullContextAgent",
     "rag": "agents.baselines:RAGAgent",
-    "rag-bm25": "agents.rag:RAGAgent",
+    "rag-memagent": "agents.rag:RAGMemAgent",
     "oracle": "agents.oracle:OracleAgent",
 }
 """The agents memopd ships (name -> ``module:Class``), also registered as entry points."""

@@ -13,7 +13,7 @@ length, held-out F1 on `--eval-episodes` test episodes (greedy), by the trainer'
   MemOPD student    the trained `ppo+memopd` student of each seed (<exp>/<tree>/<divergence>/ppo+memopd/seed-<s>)
   PPO student       the trained `ppo` student of each seed
   teacher           the teacher the arms were distilled from (<exp>/teacher-both)
-  RAG + ...         the `rag-bm25` agent (agents.rag: BM25 top-1 chunk, then the same MemAgent calls over
+  RAG + ...         the `rag-memagent` agent (agents.rag: BM25 top-1 chunk, then the same MemAgent calls over
                     it) with the MemOPD student of each seed, and with the teacher
 
 (students: mean ± sample std over `--seeds`). A student is its warm start (<exp>/student) with the
@@ -67,8 +67,8 @@ ROWS = {  # key prefix -> (table row, agent, weights)
     "memopd": ("MemOPD student", "memagent", "ppo+memopd"),
     "ppo": ("PPO student", "memagent", "ppo"),
     "teacher": ("teacher", "memagent", None),
-    "rag-memopd": ("RAG (BM25 top-1) + MemOPD student", "rag-bm25", "ppo+memopd"),
-    "rag-teacher": ("RAG (BM25 top-1) + teacher", "rag-bm25", None),
+    "rag-memopd": ("RAG (BM25 top-1) + MemOPD student", "rag-memagent", "ppo+memopd"),
+    "rag-teacher": ("RAG (BM25 top-1) + teacher", "rag-memagent", None),
 }
 
 REUSED: list[str] = []

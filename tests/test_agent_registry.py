@@ -57,7 +57,7 @@ def unique(prefix: str) -> str:
 
 
 def test_builtins_are_registered_as_entry_points():
-    """memopd's own distribution registers the four (pyproject.toml), not only the fallback table."""
+    """memopd's own distribution registers the five (pyproject.toml), not only the fallback table."""
     entries = registered_agents()
     assert set(BUILTIN_AGENTS) <= set(entries)
     assert {n: entries[n].target for n in BUILTIN_AGENTS} == BUILTIN_AGENTS
@@ -74,7 +74,7 @@ def test_an_installed_plugin_is_found_by_name_and_listed_in_help(plugin_dir, cap
     assert found.__name__ == cls and issubclass(found, MemAgent) and found.__module__ == module
     with pytest.raises(SystemExit):
         parse_args(["--help"])
-    assert "{fullcontext,memagent,notes,oracle,rag}" in " ".join(capsys.readouterr().out.split())
+    assert "{fullcontext,memagent,notes,oracle,rag,rag-memagent}" in " ".join(capsys.readouterr().out.split())
 
 
 def test_flags_reach_the_evaluated_plugin_agent(plugin_dir, tmp_path, capsys):
@@ -196,7 +196,7 @@ def test_eval_flags_are_checked_before_anything_loads(tmp_path, capsys):
 
 def test_the_oracle_is_refused_for_training():
     with pytest.raises(AgentSpecError, match=r"oracle: OracleAgent makes no model calls .* nothing to train; train "
-                                             r"a model-backed agent \(fullcontext, memagent, rag or your own"):
+                                             r"a model-backed agent \(fullcontext, memagent, rag, rag-memagent or your own"):
         check_trainable(resolve_agent("oracle"), "oracle")
     check_trainable(resolve_agent("fullcontext"), "fullcontext")
 

@@ -75,7 +75,7 @@ def test_errors_name_the_choices(tmp_path, capsys):
     assert "is not KEY=VALUE" in fails(["--agent", "oracle", "--env-kwarg", "num_chunks", *out], capsys)
     assert "--episodes must be >= 1" in fails(["--agent", "oracle", "--episodes", "0", *out], capsys)
     err = fails(["--agent", "gpt", *out], capsys)  # the registered names are listed
-    assert "--agent gpt: unknown agent 'gpt'; available agents: fullcontext, memagent, oracle, rag; or give " \
+    assert "--agent gpt: unknown agent 'gpt'; available agents: fullcontext, memagent, oracle, rag, rag-memagent; or give " \
            "module:Class" in err
     assert not (tmp_path / "out").exists()  # nothing made for a run that never started
 
@@ -145,7 +145,7 @@ def test_help_lists_choices_and_defaults_once(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    assert "{fullcontext,memagent,oracle,rag}" in text and "data split: train or test" in text
+    assert "{fullcontext,memagent,oracle,rag,rag-memagent}" in text and "data split: train or test" in text
     assert "memgym/LongQA-v0" in text.split("--env ENV", 1)[1]  # the env ids are listed
     assert "removes the output it started" in text  # the whole description, not just its first line
     assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text

@@ -51,7 +51,7 @@ def test_smoke_writes_tables_plot_and_every_number(ladder, smoke):
     # the policies: each student seed, the teacher, RAG with each student and with the teacher
     assert set(res["policies"]) == {f"{k}-seed-{s}" for k in ("memopd", "ppo", "rag-memopd") for s in SEEDS} \
         | {"teacher", "rag-teacher"}
-    assert res["policies"]["rag-memopd-seed-1"]["agent"] == "rag-bm25"
+    assert res["policies"]["rag-memopd-seed-1"]["agent"] == "rag-memagent"
     assert "ppo+memopd/seed-1/checkpoints" in res["policies"]["memopd-seed-1"]["weights"]
     assert res["policies"]["rag-teacher"]["weights"].endswith("teacher-both")
     for p in res["policies"].values():

@@ -1,9 +1,7 @@
-"""agents.rag: BM25 written out, retrieval of the supporting chunk on LongQA, and the rag-bm25 agent
+"""agents.rag: BM25 retrieval of the supporting chunk on LongQA, and the rag-memagent agent
 (MemAgent calls over the retrieved chunks only) through rollouts, the registry and the eval CLI."""
 
 from __future__ import annotations
-
-import math
 
 import gymnasium as gym
 import pytest
@@ -13,7 +11,8 @@ from agents.backends.base import SamplingParams
 from agents.backends.hf import HFBackend
 from agents.models import load
 from agents.policy import strip_stop
-from agents.rag import RAGAgent, bm25_idf, bm25_scores, bm25_tokens, bm25_top_k
+from agents.baselines import bm25_rank
+from agents.rag import RAGMemAgent
 from agents.registry import build_agent, registered_agents, resolve_agent
 from agents.rollout import rollout
 from memopd.contexts import check_contract
@@ -49,27 +48,6 @@ def read_episode(env, seed):
 
 
 # ------------------------------------------------------------------------------------------ BM25
-def test_bm25_scores_match_the_okapi_formula_by_hand():
-    docs = ["a b a", "b c", "c c c d"]
-    # N = 3, |D| = 3, 2, 4, avgdl = 3; df(a) = 1, df(c) = 2
-    # idf(a) = ln(1 + 2.5 / 1.5) = ln(8/3); idf(c) = ln(1 + 1.5 / 2.5) = ln(1.6)
-    # K(D) = 1.5 * (0.25 + 0.75 |D| / 3) = 1.5, 1.125, 1.875
-    # doc 0: ln(8/3) * 2 * 2.5 / (2 + 1.5)     = ln(8/3) * 10/7
-    # doc 1: ln(1.6) * 1 * 2.5 / (1 + 1.125)   = ln(1.6) * 20/17
-    # doc 2: ln(1.6) * 3 * 2.5 / (3 + 1.875)   = ln(1.6) * 20/13
-    expected = [math.log(8 / 3) * 10 / 7, math.log(1.6) * 20 / 17, math.log(1.6) * 20 / 13]
-    assert bm25_scores("A, c!", docs) == pytest.approx(expected, rel=1e-12)
-    assert bm25_top_k("a c", docs, 1) == [0] and bm25_top_k("a c", docs, 2) == [0, 2]
-    assert bm25_scores("c", docs)[2] > bm25_scores("c", docs)[1] and bm25_top_k("c", docs, 2) == [1, 2]  # doc order
-    # a query term given twice counts twice; a term in no document adds nothing
-    assert bm25_scores("a a zzz", docs) == pytest.approx([2 * expected[0], 0, 0])
-    # non-negative idf: a term in every document still counts for it
-    assert bm25_idf(3, 3) == pytest.approx(math.log(1 + 0.5 / 3.5)) and bm25_idf(3, 3) > 0
-    assert bm25_scores("q", []) == [] and bm25_scores("q", ["", "."]) == [0.0, 0.0]
-    assert bm25_top_k("zzz", docs, 2) == [0, 1]  # all tied: the earliest documents
-    assert bm25_tokens("Karl's ACME-corp, 2x_y!") == ["karl", "s", "acme", "corp", "2x", "y"]
-
-
 @pytest.mark.parametrize("num_chunks", [6, 24])
 def test_bm25_retrieves_the_supporting_chunk_on_longqa(tiny, num_chunks):
     _, tokenizer = tiny
@@ -79,7 +57,7 @@ def test_bm25_retrieves_the_supporting_chunk_on_longqa(tiny, num_chunks):
         question, chunks, sample = read_episode(env, seed)
         assert len(chunks) == num_chunks
         (fact,) = sample.supporting_facts
-        assert bm25_top_k(question, chunks, 1) == [fact["chunk"]]
+        assert bm25_rank(question, chunks)[:1] == [fact["chunk"]]
         assert fact["text"] in chunks[fact["chunk"]]
         where.add(fact["chunk"])
     assert len(where) > 3  # the fact moves around: retrieval is not reading order
@@ -89,11 +67,11 @@ def test_bm25_retrieves_the_supporting_chunk_on_longqa(tiny, num_chunks):
 def test_rollout_makes_one_memory_call_per_retrieved_chunk(tiny, backend):
     _, tokenizer = tiny
     envs = [make_env(tokenizer, num_chunks=12, distractor_similarity=0.0, **LADDER) for _ in range(4)]
-    agent = RAGAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=48))
+    agent = RAGMemAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=48))
     episodes = rollout(envs, agent, 8, seed=100, progress=False)
     source = envs[0].unwrapped.source
     for ep in episodes:
-        assert ep.agent == "rag-bm25" and ep.meta["num_chunks"] == 12 and ep.meta["steps"] == 13
+        assert ep.agent == "rag-memagent" and ep.meta["num_chunks"] == 12 and ep.meta["steps"] == 13
         assert [i.role for i in ep.invocations] == ["memory", "answer"]  # 2 calls, not 13
         assert [i.turn for i in ep.invocations] == [0, 1]
         memory_call, answer_call = ep.invocations
@@ -113,10 +91,10 @@ def test_rollout_makes_one_memory_call_per_retrieved_chunk(tiny, backend):
 def test_top_k_chunks_in_document_order_and_memory_chained(tiny, backend):
     _, tokenizer = tiny
     env = make_env(tokenizer, num_chunks=6, distractor_similarity=0.5, **LADDER)
-    agent = RAGAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=48), top_k=3)
+    agent = RAGMemAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=48), top_k=3)
     (ep,) = rollout([env], agent, 1, seed=7, progress=False)
     question, chunks, _ = read_episode(env, 7)
-    want = bm25_top_k(question, chunks, 3)
+    want = sorted(bm25_rank(question, chunks)[:3])
     invs = ep.invocations
     assert [i.role for i in invs] == ["memory"] * 3 + ["answer"]
     assert [i.meta["chunk_index"] for i in invs[:3]] == want == sorted(want)
@@ -124,7 +102,7 @@ def test_top_k_chunks_in_document_order_and_memory_chained(tiny, backend):
         assert nxt.prompt_ids[slice(*nxt.spans["memory"])] == strip_stop(prev)
     check_contract([ep])
     # more retrieved than there are chunks: every chunk, once
-    agent = RAGAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=48), top_k=10)
+    agent = RAGMemAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=48), top_k=10)
     (ep,) = rollout([make_env(tokenizer, num_chunks=3, **LADDER)], agent, 1, seed=7, progress=False)
     assert [i.meta.get("chunk_index") for i in ep.invocations] == [0, 1, 2, None]
 
@@ -132,7 +110,7 @@ def test_top_k_chunks_in_document_order_and_memory_chained(tiny, backend):
 def test_memory_cut_to_a_word_budget_as_the_env_would(tiny, backend):
     _, tokenizer = tiny
     env = make_env(num_chunks=4, memory_budget=3)  # words, and uncapped sampling: the model writes past it
-    agent = RAGAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=24), top_k=4, cap_memory_sampling=False)
+    agent = RAGMemAgent(backend, SamplingParams(temperature=1.0, max_new_tokens=24), top_k=4, cap_memory_sampling=False)
     cuts = 0
     for ep in rollout([env], agent, 6, seed=0, progress=False):
         invs = ep.invocations
@@ -148,22 +126,22 @@ def test_memory_cut_to_a_word_budget_as_the_env_would(tiny, backend):
     assert cuts > 0
 
 
-def test_registered_as_rag_bm25_and_built_by_the_convention(tiny, backend):
-    assert resolve_agent("rag-bm25") is RAGAgent
-    assert registered_agents()["rag-bm25"].target == "agents.rag:RAGAgent"
+def test_registered_as_rag_memagent_and_built_by_the_convention(tiny, backend):
+    assert resolve_agent("rag-memagent") is RAGMemAgent
+    assert registered_agents()["rag-memagent"].target == "agents.rag:RAGMemAgent"
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
-    agent = build_agent("rag-bm25", {"backend": backend, "sampling": sp}, {"answer_max_new_tokens": 4, "top_k": 2})
-    assert isinstance(agent, RAGAgent) and agent.top_k == 2 and agent.answer_sampling.max_new_tokens == 4
+    agent = build_agent("rag-memagent", {"backend": backend, "sampling": sp}, {"answer_max_new_tokens": 4, "top_k": 2})
+    assert isinstance(agent, RAGMemAgent) and agent.top_k == 2 and agent.answer_sampling.max_new_tokens == 4
     with pytest.raises(ValueError, match="top_k must be an int >= 1"):
-        build_agent("rag-bm25", {"backend": backend, "sampling": sp}, options={"top_k": 0})
+        build_agent("rag-memagent", {"backend": backend, "sampling": sp}, options={"top_k": 0})
 
 
 def test_eval_cli_runs_rag_bm25(tmp_path):
     from agents.records import load_episodes
     from memopd.eval import main as evaluate
 
-    assert evaluate(["--agent", "rag-bm25", "--model", "tiny", "--episodes", "2", "--env-kwarg", "num_chunks=6",
+    assert evaluate(["--agent", "rag-memagent", "--model", "tiny", "--episodes", "2", "--env-kwarg", "num_chunks=6",
                      "--top-k", "1", "--out", str(tmp_path), "--no-progress", "--threads", "1"]) == 0
     episodes = load_episodes(tmp_path / "episodes.jsonl").episodes
-    assert [e.agent for e in episodes] == ["rag-bm25"] * 2
+    assert [e.agent for e in episodes] == ["rag-memagent"] * 2
     assert all([i.role for i in e.invocations] == ["memory", "answer"] for e in episodes)
