@@ -83,12 +83,13 @@ class Budget:
     teacher_episodes: int = 1000
     warmup_steps: int = 200
     warmup_batch: int = 32
+    both_steps: int = 150
     max_new_tokens: int = 48
 
 
 SMOKE = Budget(steps=2, questions_per_step=2, group_size=2, ppo_epochs=1, rl_warmup_steps=0, eval_every=1,
                eval_episodes=4, teacher_steps=2, teacher_batch=2, teacher_episodes=8, warmup_steps=2,
-               warmup_batch=2, max_new_tokens=12)
+               warmup_batch=2, both_steps=2, max_new_tokens=12)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -101,6 +102,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--teacher-sft-context", choices=("aligned", "both"), default="aligned",
                     help="the teacher's SFT context: aligned (teacher/, runs/) or both, the fair matched control "
                          "(teacher-both/, runs-fair/, results-fair-*)")
+    ap.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                    help=f"change the task setting {ENV_KWARGS} (repeatable, e.g. memory_budget=32 or hops=2); "
+                         "the teacher and student SFTs use it too, with num_chunks = --sft-chunks")
+    ap.add_argument("--teacher", default=None, metavar="DIR",
+                    help="a finished teacher to use instead of building one in --out (another study's)")
+    ap.add_argument("--student", default=None, metavar="DIR",
+                    help="a finished warm student to use instead of building one in --out")
+    ap.add_argument("--name", default=None,
+                    help="the study's name: runs in runs-NAME/, report in results-NAME-<divergence>.* "
+                         "(default: none, or 'fair' with --teacher-sft-context both)")
     for f in dataclasses.fields(Budget):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                         help=f"override the budget's {f.name} (default {f.default}; smoke {getattr(SMOKE, f.name)})")
@@ -117,8 +128,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                if getattr(args, f.name) is not None})
     args.seed_list = [int(s) for s in args.seeds.split(",") if s != ""]
     args.arm_list = [a for a in args.arms.split(",") if a]
+    from memgym.cli import parse_kwargs
+
     args.fair = args.teacher_sft_context == "both"
-    args.tree = "runs-fair" if args.fair else "runs"
+    args.env_kwargs = {**ENV_KWARGS, **parse_kwargs(args.env_kwarg)}
+    name = args.name if args.name is not None else ("fair" if args.fair else "")
+    args.tree = f"runs-{name}" if name else "runs"
+    args.report_name = f"results-{name + '-' if name else ''}{args.budget.divergence}"
     return args
 
 
@@ -127,37 +143,46 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------
 
 def sft_model(model: str, path: Path, steps: int, batch: int, episodes: int, seed: int, b: Budget,
-              args: argparse.Namespace, context: str = "aligned") -> Path:
-    """memopd.sft on oracle trajectories of the task with ``b.sft_chunks`` chunks (see the module doc)."""
+              args: argparse.Namespace, context: str = "aligned", num_chunks: int | None = None,
+              lr: float = 3e-3) -> Path:
+    """memopd.sft of ``model`` (a preset or a model directory) on oracle trajectories of the task with
+    ``num_chunks`` chunks (default ``b.sft_chunks``: see the module doc)."""
     from memopd.sft import SFTConfig, run as run_sft
 
     if (path / "config.json").is_file():
         print(f"{path.name}: reusing {path}", file=sys.stderr)
         REUSED.append(path.name)
         return path
-    print(f"{path.name}: SFT of {model}, {steps} steps of {batch} oracle trajectories ({b.sft_chunks} chunks, "
+    num_chunks = num_chunks or b.sft_chunks
+    print(f"{path.name}: SFT of {model}, {steps} steps of {batch} oracle trajectories ({num_chunks} chunks, "
           f"{context} context)", file=sys.stderr)
-    run_sft(SFTConfig(model=model, out=str(path), env=ENV, env_kwargs={**ENV_KWARGS, "num_chunks": b.sft_chunks},
-                      num_episodes=episodes, steps=steps, batch_episodes=batch, lr=3e-3,
+    run_sft(SFTConfig(model=model, out=str(path), env=ENV, env_kwargs={**args.env_kwargs, "num_chunks": num_chunks},
+                      num_episodes=episodes, steps=steps, batch_episodes=batch, lr=lr,
                       warmup_steps=min(20, steps // 5), seed=seed, threads=args.threads, context=context),
             progress=args.progress)
     return path
 
 
-def heldout_f1(model_dir: Path, b: Budget) -> float:
-    """Held-out F1 of a model on the experiment's task (cached beside it in heldout.json)."""
+def heldout_f1(model_dir: Path, b: Budget, env_kwargs: dict[str, Any] = ENV_KWARGS) -> float:
+    """Held-out F1 of a model on the task setting ``env_kwargs`` (cached beside the model in
+    heldout.json, or heldout-<setting>.json for a setting other than the default)."""
     from agents.models import load
     from memopd.train import Roller, TrainConfig
 
-    cached = model_dir / "heldout.json"
+    cached = model_dir / f"heldout{setting_tag(env_kwargs)}.json"
     if not cached.is_file():
         model, tok = load(model_dir)
-        cfg = TrainConfig(env=ENV, env_kwargs=ENV_KWARGS, eval_episodes=b.eval_episodes, progress=False)
+        cfg = TrainConfig(env=ENV, env_kwargs=env_kwargs, eval_episodes=b.eval_episodes, progress=False)
         cached.write_text(json.dumps(Roller(cfg, model, tok).evaluate()))
     return json.loads(cached.read_text())["f1"]
 
 
-def heldout_nll(model_dir: Path, b: Budget) -> dict[str, float]:
+def setting_tag(env_kwargs: dict[str, Any]) -> str:
+    """'' for the default setting, else e.g. '-memory_budget=32' (names per-setting caches)."""
+    return "".join(f"-{k}={v}" for k, v in sorted(env_kwargs.items()) if ENV_KWARGS.get(k, None) != v)
+
+
+def heldout_nll(model_dir: Path, b: Budget, env_kwargs: dict[str, Any] = ENV_KWARGS) -> dict[str, float]:
     """Mean action NLL of a model on ``b.eval_episodes`` held-out oracle trajectories of the task, with
     each action in its call's own prompt (aligned) and in the flattened transcript (persistent);
     cached beside the model in heldout_nll.json."""
@@ -166,11 +191,11 @@ def heldout_nll(model_dir: Path, b: Budget) -> dict[str, float]:
     from agents.models import load
     from memopd.sft import SFTConfig, nll_loss, oracle_episodes
 
-    cached = model_dir / "heldout_nll.json"
+    cached = model_dir / f"heldout_nll{setting_tag(env_kwargs)}.json"
     if not cached.is_file():
         model, tok = load(model_dir)
         model.eval()
-        episodes = oracle_episodes(ENV, ENV_KWARGS, tok, b.eval_episodes, seed=30_000, split="test", progress=False)
+        episodes = oracle_episodes(ENV, env_kwargs, tok, b.eval_episodes, seed=30_000, split="test", progress=False)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         with torch.no_grad():
             nll = {c: nll_loss(model, episodes, SFTConfig().pack_tokens, pad, context=c)[0].item()
@@ -187,7 +212,7 @@ def arm_config(arm: str, seed: int, student: Path, teacher: Path, run_dir: Path,
                args: argparse.Namespace):
     from memopd.train import TrainConfig
 
-    return TrainConfig(env=ENV, env_kwargs=ENV_KWARGS, model=str(student), teacher=str(teacher),
+    return TrainConfig(env=ENV, env_kwargs=args.env_kwargs, model=str(student), teacher=str(teacher),
                        student_warmup_steps=0, run_dir=str(run_dir), steps=b.steps, seed=seed,
                        threads=args.threads, questions_per_step=b.questions_per_step, group_size=b.group_size,
                        max_new_tokens=b.max_new_tokens, ppo_epochs=b.ppo_epochs, lr=b.lr,
@@ -254,13 +279,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out F1 (mean ± std over seeds)")
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"{ENV} {json.dumps(ENV_KWARGS)}", fontsize=9)
+    fig.suptitle(f"{ENV} {json.dumps(results['env_kwargs'])}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def alignment_tables(out: Path, teacher: Path, seed: int, b: Budget, tree: str = "runs") -> dict[str, Any]:
+def alignment_tables(out: Path, teacher: Path, seed: int, b: Budget, tree: str = "runs",
+                     env_kwargs: dict[str, Any] = ENV_KWARGS, student_dir: Path | None = None) -> dict[str, Any]:
     """Per-turn state alignment on 32 test episodes sampled (temperature 1) by the trained MemOPD
     student of ``seed`` (its warm start when that arm did not run):
       - the sampling student re-scores its own actions: |log p - log p recorded|, aligned vs
@@ -278,13 +304,13 @@ def alignment_tables(out: Path, teacher: Path, seed: int, b: Budget, tree: str =
     from memopd.alignment import state_alignment, teacher_shift
     from memopd.checkpoint import load_latest
 
-    student, tok = load(out / "student")
+    student, tok = load(student_dir or out / "student")
     run_dir = run_path(out, b, "ppo+memopd", seed, tree)
     source = "warm-start"
     if (run_dir / "summary.json").is_file():
         load_latest(run_dir, {"student": student})
         source = f"ppo+memopd (after {b.steps} steps)"
-    envs = [gym.make(ENV, split="test", tokenizer=tok, **ENV_KWARGS) for _ in range(8)]
+    envs = [gym.make(ENV, split="test", tokenizer=tok, **env_kwargs) for _ in range(8)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=b.max_new_tokens)
     episodes = rollout(envs, MemAgent(HFBackend(student, tok, seed=seed), sampling=sampling), 32, seed=20_000,
                        progress=False, run_id="alignment")
@@ -343,13 +369,13 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dict[str, Any]:
+def report(out: Path, teacher: Path, student: Path, args: argparse.Namespace, t0: float) -> dict[str, Any]:
     from memopd.runlog import heldout_curve
 
     b = args.budget
     curves: dict[str, dict[str, Any]] = {}
     table: dict[str, Any] = {}
-    before, teacher_f1 = [], heldout_f1(teacher, b)
+    before, teacher_f1 = [], heldout_f1(teacher, b, args.env_kwargs)
     for arm in args.arm_list:
         finals, ems, secs = [], [], []
         for seed in args.seed_list:
@@ -362,23 +388,34 @@ def report(out: Path, teacher: Path, args: argparse.Namespace, t0: float) -> dic
             before.append(summary["eval_before"]["f1"])
         table[arm] = {"f1": mean_std(finals), "em": mean_std(ems), "per_seed": finals,
                       "s_per_step": sum(secs) / len(secs)}
-    results = {"env": ENV, "env_kwargs": ENV_KWARGS, "arms": {a: ARMS[a] for a in args.arm_list},
+    results = {"env": ENV, "env_kwargs": args.env_kwargs, "arms": {a: ARMS[a] for a in args.arm_list},
                "seeds": args.seed_list, "budget": dataclasses.asdict(b), "teacher_f1": teacher_f1,
                "before_f1": mean_std(before[: len(args.seed_list)]), "table": table, "curves": curves}
     if args.fair:
-        results["teacher_nll"] = {f"{d} ({c})": {"f1": heldout_f1(out / d, b), **heldout_nll(out / d, b)}
+        results["teacher_nll"] = {f"{d} ({c})": {"f1": heldout_f1(out / d, b, args.env_kwargs),
+                                                  **heldout_nll(out / d, b, args.env_kwargs)}
                                   for d, c in (("teacher", "aligned"), ("teacher-both", "both"))}
     if args.seed_list:
-        results["alignment"] = alignment_tables(out, teacher, args.seed_list[0], b, args.tree)
+        results["alignment"] = alignment_tables(out, teacher, args.seed_list[0], b, args.tree, args.env_kwargs,
+                                                student)
     results["wall_s"] = time.perf_counter() - t0
     results["reused"] = list(REUSED)
     results["versions"] = versions()
     results["command"] = "python examples/reproduce_memopd.py " + " ".join(sys.argv[1:])
-    name = f"results-{'fair-' if args.fair else ''}{b.divergence}"
+    name = args.report_name
     (out / f"{name}.json").write_text(json.dumps(results, indent=2))
     plot(results, out / f"{name.replace('results', 'curves')}.png")
     (out / f"{name}.md").write_text(markdown(results))
     return results
+
+
+def given_model(path: str, flag: str) -> Path:
+    """A finished model directory passed on the command line (checked before any work)."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise SystemExit(f"{flag} {path}: no model there (no config.json); pass a directory a finished SFT saved "
+                         "(e.g. runs/reproduce/teacher)")
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -393,21 +430,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     REUSED.clear()
     b = args.budget
     print(f"budget: {b}", file=sys.stderr)
-    teacher = sft_model("tiny-teacher", out / "teacher", b.teacher_steps, b.teacher_batch, b.teacher_episodes,
-                        1000, b, args)
-    if args.fair:  # the aligned-only teacher above stays, for the report's comparison
-        teacher = sft_model("tiny-teacher", out / "teacher-both", b.teacher_steps, b.teacher_batch,
-                            b.teacher_episodes, 1000, b, args, context="both")
-    student = sft_model("tiny", out / "student", b.warmup_steps, b.warmup_batch, 1000, 7, b, args)
-    print(f"held-out F1 on the task: teacher {heldout_f1(teacher, b):.3f}, warm student {heldout_f1(student, b):.3f}",
-          file=sys.stderr)
+    if args.teacher:
+        teacher = given_model(args.teacher, "--teacher")
+    else:
+        teacher = sft_model("tiny-teacher", out / "teacher", b.teacher_steps, b.teacher_batch, b.teacher_episodes,
+                            1000, b, args)
+        if args.fair:  # the aligned teacher, fine-tuned further on both kinds of state (it stays, for the report)
+            teacher = sft_model(str(teacher), out / "teacher-both", b.both_steps, b.teacher_batch,
+                                b.teacher_episodes, 1001, b, args, context="both",
+                                num_chunks=args.env_kwargs["num_chunks"], lr=1e-3)
+    student = (given_model(args.student, "--student") if args.student
+               else sft_model("tiny", out / "student", b.warmup_steps, b.warmup_batch, 1000, 7, b, args))
+    print(f"held-out F1 on the task: teacher {heldout_f1(teacher, b, args.env_kwargs):.3f}, "
+          f"warm student {heldout_f1(student, b, args.env_kwargs):.3f}", file=sys.stderr)
     for seed in args.seed_list:  # seed-major: a stopped experiment has whole seeds, every arm
         for arm in args.arm_list:
             run_arm(arm, seed, student, teacher, out, b, args)
-    results = report(out, teacher, args, t0)
+    results = report(out, teacher, student, args, t0)
     print(markdown(results))
-    d = ("fair-" if args.fair else "") + args.budget.divergence
-    print(f"results: {out / f'results-{d}.md'}, {out / f'results-{d}.json'}, {out / f'curves-{d}.png'}")
+    name = args.report_name
+    print(f"results: {out / f'{name}.md'}, {out / f'{name}.json'}, {out / (name.replace('results', 'curves') + '.png')}")
     return 0
 
 

@@ -497,11 +497,12 @@ class Roller:
             self.last_rollout_s = time.perf_counter() - t0
             self._rest()
 
-    def evaluate(self) -> dict[str, float]:
+    def heldout_episodes(self) -> list[Episode]:
+        """This rank's share of the held-out evaluation: greedy episodes on the test split (test
+        episode g has seed 10_000 + g), checked against the learner's contract."""
         from agents.rollout import rollout
-        from memgym.scoring import aggregate
 
-        first, count = distributed.question_share(self.cfg.eval_episodes, self.world)  # test episode g: seed 10_000+g
+        first, count = distributed.question_share(self.cfg.eval_episodes, self.world)
         self._sync()
         try:
             eps = rollout(self.test_envs, self._agent(True, 0), count, seed=10_000 + first,
@@ -509,6 +510,12 @@ class Roller:
         finally:
             self._rest()
         self.check(eps)
+        return eps
+
+    def evaluate(self) -> dict[str, float]:
+        from memgym.scoring import aggregate
+
+        eps = self.heldout_episodes()
         mine = [{**e.metrics, "gen_tokens": sum(len(i.response_ids) for i in e.invocations)} for e in eps]
         agg = aggregate([m for part in distributed.gather_objects(mine, self.world) for m in part])
         return {k: float(agg.get(k, 0.0)) for k in ("em", "f1", "sub_em", "gen_tokens")}  # gen_tokens: per episode

@@ -1,0 +1,96 @@
+"""Smoke tests of the reproduction's follow-up studies (docs/RESULTS.md): the imperfect teacher, the
+memory ladder and the 2-hop setting, each on a tiny budget. They check the pipelines (what runs
+where, what is reused, what the reports hold), not the results."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def exp(tmp_path_factory):
+    """One smoke experiment directory the studies share, as they share runs/reproduce."""
+    return tmp_path_factory.mktemp("studies")
+
+
+@pytest.mark.slow
+def test_imperfect_teacher_smoke(exp):
+    it = load("imperfect_teacher")
+    assert it.main(["--smoke", "--exp", str(exp), "--seeds", "0", "--no-progress"]) == 0
+    blind = set(it.blind_companies(3))
+    assert len(blind) >= 10
+    # the teacher never saw a blind company: none of its training trajectories answers with one
+    lines = (exp / "teacher-blind-data" / "episodes.jsonl").read_text().splitlines()
+    assert lines and all(not blind & set(json.loads(line)["answers"]) for line in lines)
+    sft = json.loads((exp / "teacher-blind" / "sft_config.json").read_text())
+    assert sft["episodes"].endswith("episodes.jsonl")
+    for arm in it.ARMS:
+        run_dir = exp / "runs-imperfect" / "fkl" / arm / "seed-0"
+        assert (run_dir / "summary.json").is_file()
+        assert 'teacher-blind"' in (run_dir / "config.toml").read_text()
+    res = json.loads((exp / "imperfect.json").read_text())
+    assert set(res["table"]) == {"teacher (blind)", "warm student", *it.ARMS}
+    for rows in res["rows"].values():
+        for r in rows:
+            assert 0.0 <= r["all"] <= 1.0 and 0 <= r["n_blind"] <= 4
+    assert "| teacher (blind) |" in (exp / "imperfect.md").read_text()
+
+
+@pytest.mark.slow
+def test_memory_ladder_smoke(exp, capsys):
+    ml = load("memory_ladder")
+    assert ml.main(["--smoke", "--exp", str(exp), "--budgets", "8,16", "--seeds", "0", "--no-progress"]) == 0
+    assert (exp / "runs-fair" / "fkl" / "ppo+memopd" / "seed-0" / "summary.json").is_file()  # budget 16 = fair
+    for arm in ml.ARMS:
+        cfg = (exp / "runs-mem8" / "fkl" / arm / "seed-0" / "config.toml").read_text()
+        assert "memory_budget = 8" in cfg and 'teacher-both"' in cfg
+    res = json.loads((exp / "memory-ladder.json").read_text())
+    assert [int(m) for m in res["rows"]] == [8, 16]
+    assert res["rows"]["16"]["study"] == "fair" and res["rows"]["8"]["study"] == "mem8"
+    for row in res["rows"].values():
+        assert row["gap"][0] == pytest.approx(row["aligned"][0] - row["persistent"][0])
+        assert row["teacher_kl"] > 0
+    assert (exp / "memory-ladder.png").read_bytes()[:4] == b"\x89PNG"
+    # a rerun trains nothing: every run is found finished
+    capsys.readouterr()
+    mtime = (exp / "runs-mem8" / "fkl" / "ppo+memopd" / "seed-0" / "summary.json").stat().st_mtime
+    assert ml.main(["--smoke", "--exp", str(exp), "--budgets", "8", "--seeds", "0", "--no-progress"]) == 0
+    assert "== ppo" not in capsys.readouterr().err
+    assert (exp / "runs-mem8" / "fkl" / "ppo+memopd" / "seed-0" / "summary.json").stat().st_mtime == mtime
+
+
+@pytest.mark.slow
+def test_two_hop_smoke(tmp_path):
+    """The 2-hop study is the reproduction with --env-kwarg hops=2 in its own directory: the SFTs and
+    every arm see 2-hop questions."""
+    rep = load("reproduce_memopd")
+    assert rep.main(["--smoke", "--env-kwarg", "hops=2", "--out", str(tmp_path), "--seeds", "0",
+                     "--no-progress", "--threads", "1"]) == 0
+    sft = json.loads((tmp_path / "teacher" / "sft_config.json").read_text())
+    assert sft["env_kwargs"]["hops"] == 2 and sft["env_kwargs"]["num_chunks"] == 3
+    for arm in rep.ARMS:
+        assert "hops = 2" in (tmp_path / "runs" / "fkl" / arm / "seed-0" / "config.toml").read_text()
+    res = json.loads((tmp_path / "results-fkl.json").read_text())
+    assert res["env_kwargs"]["hops"] == 2
+    assert (tmp_path / "teacher" / "heldout-hops=2.json").is_file()  # per-setting caches
+
+
+def test_given_models_must_exist(tmp_path, capsys):
+    rep = load("reproduce_memopd")
+    with pytest.raises(SystemExit, match="--teacher .*no model there"):
+        rep.main(["--smoke", "--out", str(tmp_path), "--teacher", str(tmp_path / "nope"), "--no-progress"])
