@@ -47,7 +47,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars")
     args = ap.parse_args(argv)
-    args.budget_list = [int(m) for m in args.budgets.split(",") if m]
+    args.budget_list = sorted(int(m) for m in args.budgets.split(",") if m)
     args.seed_list = [int(s) for s in args.seeds.split(",") if s]
     if not args.budget_list or min(args.budget_list) < 1:
         ap.error("--budgets: give positive token counts, e.g. 8,16,32,64")
@@ -60,7 +60,10 @@ def rung(rep, exp: Path, m: int, args: argparse.Namespace) -> str:
               "--seeds", args.seeds, "--arms", ",".join(ARMS), "--progress" if args.progress else "--no-progress"] \
         + (["--smoke"] if args.smoke else [])
     if m == FAIR_BUDGET:  # the fair control itself (its report carries both teachers' NLL)
-        rep.main(common + ["--teacher-sft-context", "both"])
+        b = rep.parse_args(common).budget
+        if not all((rep.run_path(exp, b, arm, s, "runs-fair") / "summary.json").is_file()
+                   for arm in ARMS for s in args.seed_list):  # else keep the fair report as it is
+            rep.main(common + ["--teacher-sft-context", "both"])
         return "fair"
     if not (exp / "teacher-both" / "config.json").is_file():  # the teacher and student the ladder shares
         rep.main(common + ["--teacher-sft-context", "both", "--seeds", args.seeds.split(",")[0]])
@@ -69,15 +72,19 @@ def rung(rep, exp: Path, m: int, args: argparse.Namespace) -> str:
     return f"mem{m}"
 
 
-def ladder_row(rep, exp: Path, name: str, args: argparse.Namespace) -> dict[str, Any]:
+def ladder_row(rep, exp: Path, name: str, m: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One budget's numbers, read from its run directories (the seeds asked for) and its report's
+    state-alignment table."""
+    b = rep.parse_args(["--smoke"] if args.smoke else []).budget
+    finals = {arm: [json.loads((rep.run_path(exp, b, arm, s, f"runs-{name}") / "summary.json").read_text())
+                    ["eval_after"]["f1"] for s in args.seed_list] for arm in ARMS}
+    gaps = [a - p for a, p in zip(finals["ppo+memopd"], finals["ppo+opd-persist"])]
     res = json.loads((exp / f"results-{name}-{args.divergence}.json").read_text())
-    table = res["table"]
-    aligned, persist = table["ppo+memopd"]["per_seed"], table["ppo+opd-persist"]["per_seed"]
-    gaps = [a - p for a, p in zip(aligned, persist)]
     shift = [t["mean_gap"] for t in res["alignment"]["teacher_shift"] if t["turn"] > 0]
-    return {"study": name, "teacher_f1": res["teacher_f1"], "aligned": table["ppo+memopd"]["f1"],
-            "persistent": table["ppo+opd-persist"]["f1"], "gap": rep.mean_std(gaps), "per_seed_gap": gaps,
-            "teacher_kl": sum(shift) / len(shift), "warm_student_f1": res["before_f1"][0]}
+    teacher_f1 = rep.heldout_f1(exp / "teacher-both", b, {**rep.ENV_KWARGS, "memory_budget": m})
+    return {"study": name, "teacher_f1": teacher_f1, "per_seed": finals,
+            "aligned": rep.mean_std(finals["ppo+memopd"]), "persistent": rep.mean_std(finals["ppo+opd-persist"]),
+            "gap": rep.mean_std(gaps), "per_seed_gap": gaps, "teacher_kl": sum(shift) / len(shift)}
 
 
 def plot(rows: dict[int, dict[str, Any]], path: Path) -> None:
@@ -115,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exp = Path(args.exp)
     exp.mkdir(parents=True, exist_ok=True)
     names = {m: rung(rep, exp, m, args) for m in args.budget_list}
-    rows = {m: ladder_row(rep, exp, names[m], args) for m in args.budget_list}
+    rows = {m: ladder_row(rep, exp, names[m], m, args) for m in args.budget_list}
     results = {"budgets": args.budget_list, "seeds": args.seed_list, "divergence": args.divergence, "rows": rows,
                "wall_s": time.perf_counter() - t0, "versions": rep.versions(),
                "command": "python examples/memory_ladder.py " + " ".join(sys.argv[1:])}
