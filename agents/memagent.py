@@ -79,3 +79,42 @@ class MemAgent(MemoryPolicy):
             return self.decode(strip_stop(inv)).strip()
         raise ValueError(f"MemAgent got an observation in phase {phase!r}; expected 'memory' or 'answer' "
                          "(reset the env after an episode ends)")
+
+
+class TranscriptMemAgent(MemAgent):
+    """MemAgent acting in the persistent-history context, for evaluating a model there.
+
+    Each call sees the flattened transcript ``q, o_1, a_1, ..., o_t`` (the context that
+    ``memopd.contexts``' persistent mode scores an action in): the shared prefix, then every
+    earlier call's private prompt without the memory it received, followed by that call's sampled
+    response (stop token included), then this call's private prompt without its memory. It writes
+    the same memories and answer as MemAgent, so the env and the scorer are unchanged; only what
+    the model conditions on differs. Use it as ``--agent agents.memagent:TranscriptMemAgent``.
+    Its records hold the whole transcript as the prompt: score them in aligned mode, which restores
+    exactly what was sampled.
+    """
+
+    name = "memagent-transcript"
+
+    def step(self, state: EpisodeState, obs: str, info: dict[str, Any]):
+        inner = MemAgent.step(self, state, obs, info)
+        sent = None
+        while True:  # MemAgent's calls, with each sampled response appended to the transcript
+            try:
+                request = inner.send(sent)
+            except StopIteration as stop:
+                return stop.value
+            sent = yield request
+            state.extra["transcript"] = state.extra.get("transcript", []) + list(sent.response_ids)
+
+    def request(self, state: EpisodeState, prompt: Any, role: str, **meta: Any) -> Any:
+        from agents.backends.base import GenerationRequest
+
+        p = prompt.prefix_len
+        s, t = prompt.spans.get("memory", (0, 0))
+        observation = [tok for i, tok in enumerate(prompt.ids) if i >= p and not s <= i < t]
+        history = state.extra.get("transcript", []) + observation
+        state.extra["transcript"] = history
+        return GenerationRequest(prompt_ids=list(prompt.ids[:p]) + history, prefix_len=p, role=role,
+                                 turn=len(state.invocations), spans={},
+                                 meta={"episode_id": state.episode_id, "context": "transcript", **meta})

@@ -163,16 +163,21 @@ def sft_model(model: str, path: Path, steps: int, batch: int, episodes: int, see
     return path
 
 
-def heldout_f1(model_dir: Path, b: Budget, env_kwargs: dict[str, Any] = ENV_KWARGS) -> float:
+TRANSCRIPT_AGENT = "agents.memagent:TranscriptMemAgent"
+"""MemAgent acting in the persistent-history context (each call sees the flattened transcript)."""
+
+
+def heldout_f1(model_dir: Path, b: Budget, env_kwargs: dict[str, Any] = ENV_KWARGS, agent: str = "memagent") -> float:
     """Held-out F1 of a model on the task setting ``env_kwargs`` (cached beside the model in
-    heldout.json, or heldout-<setting>.json for a setting other than the default)."""
+    heldout.json, or heldout-<setting>.json for a setting other than the default); with
+    ``agent=TRANSCRIPT_AGENT``, acting in the persistent-history context (heldout-transcript*.json)."""
     from agents.models import load
     from memopd.train import Roller, TrainConfig
 
-    cached = model_dir / f"heldout{setting_tag(env_kwargs)}.json"
+    cached = model_dir / f"heldout{'-transcript' if agent == TRANSCRIPT_AGENT else ''}{setting_tag(env_kwargs)}.json"
     if not cached.is_file():
         model, tok = load(model_dir)
-        cfg = TrainConfig(env=ENV, env_kwargs=env_kwargs, eval_episodes=b.eval_episodes, progress=False)
+        cfg = TrainConfig(env=ENV, env_kwargs=env_kwargs, agent=agent, eval_episodes=b.eval_episodes, progress=False)
         cached.write_text(json.dumps(Roller(cfg, model, tok).evaluate()))
     return json.loads(cached.read_text())["f1"]
 
@@ -339,11 +344,14 @@ def markdown(results: dict[str, Any]) -> str:
              "| arm | F1 | EM | per seed | train s/step |", "|---|---|---|---|---|"]
     nll = results.get("teacher_nll")
     if nll:
-        lines[1:1] = ["", f"Teachers: held-out F1, and mean action NLL (nats/token) on {results['budget']['eval_episodes']} "
-                          "held-out oracle trajectories in each context.", "",
-                      "| teacher (SFT context) | F1 | NLL aligned | NLL persistent |", "|---|---|---|---|"]
-        lines[6:6] = [f"| {name} | {row['f1']:.3f} | {row['aligned']:.3f} | {row['persistent']:.3f} |"
-                      for name, row in nll.items()]
+        lines[1:1] = ["", "Teachers: held-out F1 acting in each context (aligned: MemAgent, each call its own "
+                          "prompt; persistent: each call sees the flattened transcript), and mean action NLL "
+                          f"(nats/token) on {results['budget']['eval_episodes']} held-out oracle trajectories in each "
+                          "context.", "",
+                      "| teacher (SFT context) | F1 aligned | F1 persistent | NLL aligned | NLL persistent |",
+                      "|---|---|---|---|---|"]
+        lines[6:6] = [f"| {name} | {row['f1']:.3f} | {row['f1_transcript']:.3f} | {row['aligned']:.3f} | "
+                      f"{row['persistent']:.3f} |" for name, row in nll.items()]
     for arm, row in results["table"].items():
         lines.append(f"| {arm} | {row['f1'][0]:.3f} ± {row['f1'][1]:.3f} | {row['em'][0]:.3f} ± {row['em'][1]:.3f} | "
                      f"{', '.join(f'{x:.3f}' for x in row['per_seed'])} | {row['s_per_step']:.1f} |")
@@ -393,6 +401,8 @@ def report(out: Path, teacher: Path, student: Path, args: argparse.Namespace, t0
                "before_f1": mean_std(before[: len(args.seed_list)]), "table": table, "curves": curves}
     if args.fair:
         results["teacher_nll"] = {f"{d} ({c})": {"f1": heldout_f1(out / d, b, args.env_kwargs),
+                                                  "f1_transcript": heldout_f1(out / d, b, args.env_kwargs,
+                                                                              TRANSCRIPT_AGENT),
                                                   **heldout_nll(out / d, b, args.env_kwargs)}
                                   for d, c in (("teacher", "aligned"), ("teacher-both", "both"))}
     if args.seed_list:
