@@ -76,18 +76,27 @@ def test_memory_ladder_smoke(exp, capsys):
 
 @pytest.mark.slow
 def test_two_hop_smoke(tmp_path):
-    """The 2-hop study is the reproduction with --env-kwarg hops=2 in its own directory: the SFTs and
-    every arm see 2-hop questions."""
+    """The 2-hop study: the reproduction with --env-kwarg hops=2 in its own directory, its teacher
+    taught by a curriculum from the 1-hop teacher; the SFTs and every arm see 2-hop questions."""
+    th = load("two_hop")
     rep = load("reproduce_memopd")
-    assert rep.main(["--smoke", "--env-kwarg", "hops=2", "--out", str(tmp_path), "--seeds", "0",
-                     "--no-progress", "--threads", "1"]) == 0
-    sft = json.loads((tmp_path / "teacher" / "sft_config.json").read_text())
-    assert sft["env_kwargs"]["hops"] == 2 and sft["env_kwargs"]["num_chunks"] == 3
+    exp, one = tmp_path / "2hop", tmp_path / "1hop"
+    assert th.main(["--smoke", "--exp", str(exp), "--one-hop-exp", str(one), "--seeds", "0", "--no-progress"]) == 0
+    sft = {d: json.loads((exp / d / "sft_config.json").read_text())
+           for d in ("teacher", "teacher-from-1hop", "teacher-from-1hop-500", "student")}
+    assert all(c["env_kwargs"]["hops"] == 2 and c["env_kwargs"]["num_chunks"] == 3 for c in sft.values())
+    assert "hops" not in json.loads((one / "teacher" / "sft_config.json").read_text())["env_kwargs"]
+    assert sft["teacher-from-1hop"]["model"] == str(one / "teacher")  # the curriculum starts from the 1-hop teacher
+    assert sft["teacher-from-1hop-500"]["model"] == str(exp / "teacher-from-1hop")
     for arm in rep.ARMS:
-        assert "hops = 2" in (tmp_path / "runs" / "fkl" / arm / "seed-0" / "config.toml").read_text()
-    res = json.loads((tmp_path / "results-fkl.json").read_text())
-    assert res["env_kwargs"]["hops"] == 2
-    assert (tmp_path / "teacher" / "heldout-hops=2.json").is_file()  # per-setting caches
+        cfg = (exp / "runs" / "fkl" / arm / "seed-0" / "config.toml").read_text()
+        assert "hops = 2" in cfg and 'teacher-from-1hop-500"' in cfg
+    assert json.loads((exp / "results-fkl.json").read_text())["env_kwargs"]["hops"] == 2
+    res = json.loads((exp / "two-hop.json").read_text())
+    assert set(res["teacher_f1_2hop"]) == {"1-hop teacher", "2-hop from scratch", "curriculum stage 1",
+                                           "curriculum stage 2"}
+    assert (exp / "teacher" / "heldout-hops=2.json").is_file()  # per-setting caches
+    assert (exp / "two-hop-sft.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_given_models_must_exist(tmp_path, capsys):
