@@ -14,6 +14,11 @@ it: start from the reproduction's 1-hop teacher, then 250 steps of 2-hop SFT (lr
 more (lr 1e-3). Each stage is kept, its held-out F1 is reported, and the SFT loss curves of all
 of them are plotted. The warm student is the reproduction's recipe on 2-hop trajectories.
 
+The student, too, can start from 1-hop competence (`--curriculum-student`, on by default): the
+reproduction's trained MemOPD student (the fair control's `ppo+memopd`, seed 0, after its 40
+steps on the 1-hop task) runs the same arms as a second warm start, in runs-curriculum/ with the
+report results-curriculum-<divergence>.*.
+
 Everything lands in --exp (default runs/reproduce-2hop): teacher/ (from scratch), teacher-from-1hop/
 and teacher-from-1hop-500/ (the curriculum's two stages), student/, runs/<divergence>/<arm>/seed-<s>/,
 the reproduction's report results-<divergence>.* and this study's two-hop.md / .json /
@@ -41,6 +46,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--one-hop-exp", default="runs/reproduce", help="the reproduction's directory (its 1-hop teacher)")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
     ap.add_argument("--arms", default=None, help="comma-separated arms (default: the reproduction's four)")
+    ap.add_argument("--curriculum-student", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the arms from the 1-hop MemOPD student (runs-curriculum/)")
     ap.add_argument("--smoke", action="store_true", help="a tiny budget that checks the pipeline, not the result")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars")
@@ -64,6 +71,17 @@ def teachers(rep, exp: Path, one_hop: Path, args: argparse.Namespace) -> dict[st
                            b.teacher_episodes, 1002, b, two, lr=1e-3)
     return {"1-hop teacher": base, "2-hop from scratch": scratch, "curriculum stage 1": stage1,
             "curriculum stage 2": stage2}
+
+
+def one_hop_memopd_student(rep, one_hop: Path, args: argparse.Namespace) -> Path:
+    """The fair control's trained MemOPD student of seed 0 (its final model), trained when missing."""
+    b = rep.parse_args(["--smoke"] if args.smoke else []).budget
+    run = rep.run_path(one_hop, b, "ppo+memopd", 0, "runs-fair")
+    if not (run / "model" / "config.json").is_file():
+        rep.main(["--out", str(one_hop), "--teacher-sft-context", "both", "--arms", "ppo+memopd", "--seeds", "0",
+                  "--threads", str(args.threads), "--progress" if args.progress else "--no-progress"]
+                 + (["--smoke"] if args.smoke else []))
+    return run / "model"
 
 
 def sft_losses(model_dir: Path) -> list[float]:
@@ -106,12 +124,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--progress" if args.progress else "--no-progress"] + (["--smoke"] if args.smoke else []) \
         + (["--arms", args.arms] if args.arms else [])
     rep.main(argv_rep)
+    one_hop_student = None
+    if args.curriculum_student:
+        one_hop_student = one_hop_memopd_student(rep, one_hop, args)
+        rep.main(argv_rep + ["--student", str(one_hop_student), "--name", "curriculum"])
     curves = {"1-hop task, from scratch": sft_losses(found["1-hop teacher"]),
               "2-hop task, from scratch": sft_losses(found["2-hop from scratch"]),
               "2-hop task, from the 1-hop teacher": sft_losses(found["curriculum stage 1"])
               + sft_losses(found["curriculum stage 2"])}
     plot(curves, exp / "two-hop-sft.png")
-    results: dict[str, Any] = {"teacher_f1_2hop": f1, "sft_final_loss": {k: v[-1] for k, v in curves.items()},
+    results: dict[str, Any] = {"teacher_f1_2hop": f1, "curriculum_student": str(one_hop_student), "sft_final_loss": {k: v[-1] for k, v in curves.items()},
                                "wall_s": time.perf_counter() - t0, "versions": rep.versions(),
                                "command": "python examples/two_hop.py " + " ".join(sys.argv[1:])}
     lines = [f"Teachers' held-out F1 on the 2-hop task ({b.eval_episodes} test episodes, greedy):", "",
@@ -119,8 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     how = {"1-hop teacher": "the reproduction's (1-hop task)", "2-hop from scratch": "2-hop, from scratch",
            "curriculum stage 1": "2-hop, from the 1-hop teacher", "curriculum stage 2": "stage 1 + 250 steps at lr 1e-3"}
     lines += [f"| {name} | {how[name]} | {f1[name]:.3f} |" for name in found]
-    lines += ["", f"Wall-clock of this invocation: {results['wall_s'] / 60:.1f} min. The arms' table: "
-                  f"results-{b.divergence}.md."]
+    lines += ["", f"Wall-clock of this invocation: {results['wall_s'] / 60:.1f} min. The arms' tables: "
+                  f"results-{b.divergence}.md (the 2-hop warm student) and results-curriculum-{b.divergence}.md "
+                  "(the 1-hop MemOPD student)."]
     (exp / "two-hop.json").write_text(json.dumps(results, indent=2))
     (exp / "two-hop.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

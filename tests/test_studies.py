@@ -92,6 +92,10 @@ def test_two_hop_smoke(tmp_path):
         cfg = (exp / "runs" / "fkl" / arm / "seed-0" / "config.toml").read_text()
         assert "hops = 2" in cfg and 'teacher-from-1hop-500"' in cfg
     assert json.loads((exp / "results-fkl.json").read_text())["env_kwargs"]["hops"] == 2
+    # the curriculum student: the 1-hop MemOPD student runs the same arms on 2-hop
+    cur = (exp / "runs-curriculum" / "fkl" / "ppo" / "seed-0" / "config.toml").read_text()
+    assert "hops = 2" in cur and str(one / "runs-fair" / "fkl" / "ppo+memopd" / "seed-0" / "model") in cur
+    assert json.loads((exp / "results-curriculum-fkl.json").read_text())["env_kwargs"]["hops"] == 2
     res = json.loads((exp / "two-hop.json").read_text())
     assert set(res["teacher_f1_2hop"]) == {"1-hop teacher", "2-hop from scratch", "curriculum stage 1",
                                            "curriculum stage 2"}
