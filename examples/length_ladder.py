@@ -372,6 +372,63 @@ def shift(args: argparse.Namespace, weights: Weights, student: Policy, teacher: 
     return res
 
 
+def seen_documents(tokenizer: Any, episodes: int) -> int:
+    """The largest document number in the test episodes at the training length: the labels
+    (``Document K:``) every model here has read."""
+    import re
+
+    import gymnasium as gym
+
+    import memgym  # noqa: F401
+
+    env = gym.make(ENV, split="test", tokenizer=tokenizer, **env_kwargs(TRAIN_CHUNKS))
+    top = 0
+    for g in range(episodes):
+        _, info = env.reset(seed=EVAL_SEED + g)
+        while info["phase"] == "memory":
+            top = max([top] + [int(k) for k in re.findall(r"Document (\d+):", info["chunk"])])
+            _, _, _, _, info = env.step("")
+    return top
+
+
+def label_split(args: argparse.Namespace, weights: Weights, teacher: Policy, n: int, seen: int) -> dict[str, Any]:
+    """RAG + teacher at one length, F1 split by whether the retrieved fact's document number was
+    seen at the training length: retrieval is exact here (no distractor facts), so a drop on
+    unseen numbers is the label's effect, not the memory's."""
+    settings = {"env": ENV, "env_kwargs": env_kwargs(n), "eval_episodes": args.eval_episodes, "seen": seen,
+                "teacher": teacher.weights, "max_new_tokens": args.max_new_tokens}
+
+    def compute() -> dict[str, Any]:
+        import re
+
+        import gymnasium as gym
+
+        import memgym  # noqa: F401
+        from agents.backends.base import SamplingParams
+        from agents.backends.hf import HFBackend
+        from agents.rag import RAGMemAgent
+        from agents.rollout import rollout
+
+        model, tok = weights.get(teacher)
+        envs = [gym.make(ENV, split="test", tokenizer=tok, **env_kwargs(n)) for _ in range(8)]
+        sp = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, greedy=True, seed=0)
+        eps = rollout(envs, RAGMemAgent(HFBackend(model, tok, seed=0), sampling=sp), args.eval_episodes,
+                      seed=EVAL_SEED, progress=False, run_id="label-split")
+        parts: dict[str, list[float]] = {"seen": [], "unseen": [], "unmatched": []}
+        for e in eps:
+            text = tok.decode(e.invocations[0].prompt_ids)
+            person = re.search(r"does (\w+) work", e.question)
+            fact = f"{person.group(1)} {e.answers[0]} ." if person and e.answers else None
+            if not fact or fact not in text:
+                parts["unmatched"].append(e.metrics["f1"])
+                continue
+            k = int(re.findall(r"Document (\d+):", text[:text.index(fact)])[-1])
+            parts["seen" if k <= seen else "unseen"].append(e.metrics["f1"])
+        return {k: {"n": len(v), "f1": sum(v) / len(v) if v else None} for k, v in parts.items()}
+
+    return cached(args.out / "cache" / "label-split" / f"chunks-{n:04d}.json", settings, f"labels@{n}", compute)
+
+
 # ------------------------------------------------------------------------------------------------
 # the report
 # ------------------------------------------------------------------------------------------------
@@ -477,6 +534,15 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", "Measured context tokens per episode (mean, min-max over the test episodes; the plot's x): "
                   + ", ".join(f"{n}: {ctx[str(n)]['mean']:.0f} ({ctx[str(n)]['min']}-{ctx[str(n)]['max']})"
                               for n in ns) + "."]
+    ls = results.get("label_split")
+    if ls:
+        f = lambda c: "-" if c["f1"] is None else f"{c['f1']:.3f} (n={c['n']})"  # noqa: E731
+        lines += ["", f"RAG + teacher, F1 split by the retrieved fact's document number: at most {ls['seen']} (the "
+                      f"largest number in the {TRAIN_CHUNKS}-chunk test episodes) or above; retrieval is exact here, "
+                      "so the split isolates the unseen label.", "",
+                  "| chunks | F1, document number seen | F1, unseen | fact not found in the retrieved chunk |",
+                  "|---|---|---|---|"]
+        lines += [f"| {n} | {f(c['seen'])} | {f(c['unseen'])} | {c['unmatched']['n']} |" for n, c in ls["by_length"].items()]
     sh = results["teacher_shift"]
     fitting = [n for n, r in sh["by_length"].items() if r["fits"]]
     lines += ["", f"Teacher shift: {sh['episodes']} test episodes sampled (temperature 1) by {sh['episodes_from']}; "
@@ -551,6 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         limit = res["max_positions"]
         if args.shift_list is None and not res["fits"]:
             break
+    seen = seen_documents(weights.tokenizer(teacher), args.eval_episodes)
+    splits = {str(n): label_split(args, weights, teacher, n, seen) for n in args.length_list}
     all_s = sum(e["seconds"] for by_n in evals.values() for e in by_n.values())
     results = {
         "env": ENV, "env_kwargs": {"chunk_size": CHUNK_SIZE, "memory_budget": MEMORY_BUDGET},
@@ -559,7 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": {row: {"agent": agent, "arm": arm} for row, agent, arm in ROWS.values()},
         "policies": {p.key: {"row": ROWS[p.kind][0], "agent": p.agent, "seed": p.seed, "weights": p.weights,
                              "by_length": evals[p.key]} for p in pols},
-        "table": table, "context_tokens": context,
+        "table": table, "context_tokens": context, "label_split": {"seen": seen, "by_length": splits},
         "teacher_shift": {"episodes": args.shift_episodes, "seed": SHIFT_SEED,
                           "episodes_from": f"the MemOPD student of seed {student.seed}",
                           "max_positions": limit, "by_length": by_length,

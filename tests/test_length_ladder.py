@@ -47,6 +47,13 @@ def test_smoke_writes_tables_plot_and_every_number(ladder, smoke):
             assert 0.0 <= cell["f1"][0] <= 1.0 and cell["f1"][1] >= 0.0
             assert len(cell["per_seed"]) == (len(SEEDS) if "student" in row else 1)
     assert set(res["context_tokens"]) == {"3", "6"}
+    # the label split: the 6-chunk test episodes number their documents past 6; every episode is
+    # counted once, and at the training length every fact's document number is a seen one
+    split = res["label_split"]
+    assert split["seen"] >= 6 and set(split["by_length"]) == {"3", "6"}
+    for cell in split["by_length"].values():
+        assert sum(c["n"] for c in cell.values()) == 4
+    assert split["by_length"]["6"]["unseen"]["n"] == 0
     assert res["context_tokens"]["6"]["nominal"] == 288 and 0 < res["context_tokens"]["3"]["mean"] <= 144
     # the policies: each student seed, the teacher, RAG with each student and with the teacher
     assert set(res["policies"]) == {f"{k}-seed-{s}" for k in ("memopd", "ppo", "rag-memopd") for s in SEEDS} \
