@@ -48,6 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--arms", default=None, help="comma-separated arms (default: the reproduction's four)")
     ap.add_argument("--curriculum-student", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the arms from the 1-hop MemOPD student (runs-curriculum/)")
+    ap.add_argument("--curriculum-seeds", default=None, help="seeds of the curriculum student's arms (default: --seeds)")
     ap.add_argument("--smoke", action="store_true", help="a tiny budget that checks the pipeline, not the result")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars")
@@ -127,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     one_hop_student = None
     if args.curriculum_student:
         one_hop_student = one_hop_memopd_student(rep, one_hop, args)
-        rep.main(argv_rep + ["--student", str(one_hop_student), "--name", "curriculum"])
+        rep.main(argv_rep + ["--student", str(one_hop_student), "--name", "curriculum",
+                             "--seeds", args.curriculum_seeds or args.seeds])
     curves = {"1-hop task, from scratch": sft_losses(found["1-hop teacher"]),
               "2-hop task, from scratch": sft_losses(found["2-hop from scratch"]),
               "2-hop task, from the 1-hop teacher": sft_losses(found["curriculum stage 1"])
