@@ -6,7 +6,7 @@
 The fair matched control of examples/reproduce_memopd.py (teacher fine-tuned on aligned states and
 flattened transcripts, `--teacher-sft-context both`) at memory budgets 8, 16, 32 and 64 tokens, the
 task otherwise unchanged (6 chunks of 48 tokens). At every budget the same teacher and warm student,
-and the same two arms, 3 seeds each:
+and the same two arms, for each of --seeds:
   ppo+memopd        PPO + OPD, the teacher scores the state-aligned calls
   ppo+opd-persist   PPO + OPD, the teacher scores the flattened history
 The gap is the aligned arm's held-out F1 minus the persistent arm's, and beside it how far the
