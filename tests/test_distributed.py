@@ -31,7 +31,7 @@ EQUIV = ["--ppo-epochs", "1", "--entropy-coef", "0.01", "--sample-episodes", "4"
 ARMS = {"fsdp-grpo": ["--parallel", "fsdp"], "ddp-grpo": ["--parallel", "ddp"],
         "fsdp-gae": ["--parallel", "fsdp", "--advantage", "gae", "--ref-beta", "0.1"],
         "fsdp-sharded-teacher": ["--parallel", "fsdp", "--teacher-parallel", "fsdp"]}
-LAYOUT = {"tokens_per_s", "rollout_s", "step_s", "packing_efficiency"}  # timing and row layout differ
+LAYOUT = {"tokens_per_s", "rollout_s", "step_s", "train_clock_s", "packing_efficiency"}  # timing and row layout differ
 
 
 # ------------------------------------------------------------------------------------------------
