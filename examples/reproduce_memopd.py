@@ -423,7 +423,7 @@ def given_model(path: str, flag: str) -> Path:
     """A finished model directory passed on the command line (checked before any work)."""
     p = Path(path)
     if not (p / "config.json").is_file():
-        raise SystemExit(f"{flag} {path}: no model there (no config.json); pass a directory a finished SFT saved "
+        raise SystemExit(f"error: {flag} {path}: no model there (no config.json); pass a directory a finished SFT saved "
                          "(e.g. runs/reproduce/teacher)")
     return p
 
