@@ -17,7 +17,7 @@ _EXPORTS = {
     "save_episodes": "agents.records", "load_episodes": "agents.records",
     # policy API
     "MemoryPolicy": "agents.policy", "EpisodeState": "agents.policy", "AgentError": "agents.policy",
-    "AGENTS": "agents.policy", "make_agent": "agents.policy",
+    "make_agent": "agents.registry", "BUILTIN_AGENTS": "agents.registry",
     # prompts
     "PromptBuilder": "agents.prompts", "PromptTemplate": "agents.prompts", "template_corpus": "agents.prompts",
     # agents

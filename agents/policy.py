@@ -31,17 +31,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generator, Sequence
 
 from agents.records import Episode, Invocation
-from agents.registry import BUILTIN_AGENTS
 
 if TYPE_CHECKING:  # the backend interface is light, but keep `import agents.policy` minimal
     from agents.backends.base import Backend, GenerationRequest, SamplingParams
 
 Call = tuple["GenerationRequest", "SamplingParams"]
-
-AGENTS = BUILTIN_AGENTS
-"""The built-in agents' names -> ``module:Class``; installed plugins add names (see
-:func:`agents.registry.registered_agents`)."""
-
 
 class AgentError(RuntimeError):
     """The agent was driven out of protocol (wrong episode in a slot, missing final info, ...)."""
@@ -169,15 +163,16 @@ class MemoryPolicy(ABC):
 
     def cut_episode(self, slot: int = 0) -> Episode:
         """Close the episode of ``slot`` before the env ends it (a rollout-depth budget): the
-        record holds the calls made so far, no prediction and no metrics, and ``meta["cut"]`` is
+        record holds the calls made so far, no prediction and no metrics, and ``Episode.cut`` is
         the number of calls. A learner gives it no reward (distillation terms only)."""
         state = self._episodes.pop(slot, None)
         if state is None:
             raise AgentError(f"slot {slot} has no running episode to cut")
-        return Episode(episode_id=state.episode_id, task_id=state.task_id, sample_id=state.sample_id,
-                       invocations=state.invocations, reward=0.0, metrics={}, question=state.question,
-                       seed=state.seed, group_id=state.group_id, agent=self.name,
-                       meta={"cut": len(state.invocations), "steps": state.steps})
+        episode = Episode(episode_id=state.episode_id, task_id=state.task_id, sample_id=state.sample_id,
+                          invocations=state.invocations, reward=0.0, metrics={}, question=state.question,
+                          seed=state.seed, group_id=state.group_id, agent=self.name, meta={"steps": state.steps})
+        episode.cut = len(state.invocations)
+        return episode
 
     # ------------------------------------------------------------------ acting
     def act(self, obs: str, info: dict[str, Any], slot: int = 0) -> str:
@@ -293,11 +288,3 @@ def strip_stop(inv: Invocation) -> list[int]:
 
 def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
-
-
-def make_agent(spec: str, **kwargs: Any) -> MemoryPolicy:
-    """Build an agent by its name or ``module:Class`` (see :func:`agents.registry.resolve_agent`);
-    an unknown or broken spec raises :class:`agents.registry.AgentSpecError` (a ``ValueError``)."""
-    from agents.registry import resolve_agent
-
-    return resolve_agent(spec)(**kwargs)

@@ -22,6 +22,14 @@ class RecordError(ValueError):
     """A record is malformed (wrong lengths, missing fields, bad JSON)."""
 
 
+def _set_meta(meta: dict[str, Any], key: str, value: Any) -> None:
+    """A typed field kept in ``meta`` (the file format): None removes it."""
+    if value is None:
+        meta.pop(key, None)
+    else:
+        meta[key] = value
+
+
 @dataclass
 class Invocation:
     """One model call, exactly as it was sampled.
@@ -59,6 +67,28 @@ class Invocation:
     def __post_init__(self) -> None:
         self._adopt_legacy_spans()
         self.validate()
+
+    @property
+    def teacher_kl(self) -> list[float | None] | None:
+        """The trainer's per-token divergence to the teacher (one value per response token, None
+        where the teacher does not supervise), as a run's ``episodes/step-N.jsonl`` records it for
+        the viewer; None when not scored. Kept in ``meta["teacher_kl"]``, the file format, with the
+        context it was scored in as ``meta["teacher_mode"]`` (:attr:`teacher_mode`)."""
+        return self.meta.get("teacher_kl")
+
+    @teacher_kl.setter
+    def teacher_kl(self, values: list[float | None] | None) -> None:
+        _set_meta(self.meta, "teacher_kl", values)
+
+    @property
+    def teacher_mode(self) -> str | None:
+        """The context :attr:`teacher_kl` was scored in (aligned or persistent)."""
+        return self.meta.get("teacher_mode")
+
+    @teacher_mode.setter
+    def teacher_mode(self, mode: str | None) -> None:
+        _set_meta(self.meta, "teacher_mode", mode)
+
 
     def _adopt_legacy_spans(self) -> None:
         """Records written before ``spans`` was a field kept it in ``meta``."""
@@ -158,6 +188,28 @@ class Episode:
         if not isinstance(self.agent, str):
             raise RecordError(f"episode {self.episode_id!r}: agent must be the agent's name (a string), "
                               f"got {type(self.agent).__name__}")
+
+    @property
+    def cut(self) -> int | None:
+        """The number of calls an episode was cut at before its answer (a rollout-depth budget, a
+        drift stop; :meth:`agents.policy.MemoryPolicy.cut_episode`), None for an episode that ran
+        to its answer. A learner gives a cut episode no reward. Kept in ``meta["cut"]``."""
+        return self.meta.get("cut")
+
+    @cut.setter
+    def cut(self, calls: int | None) -> None:
+        _set_meta(self.meta, "cut", calls)
+
+    @property
+    def turns(self) -> int | None:
+        """The turns the whole episode has (a memory call per chunk and the answer), recorded for a
+        cut episode; None when not known. Kept in ``meta["turns"]``."""
+        return self.meta.get("turns")
+
+    @turns.setter
+    def turns(self, turns: int | None) -> None:
+        _set_meta(self.meta, "turns", turns)
+
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

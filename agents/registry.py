@@ -349,6 +349,12 @@ def build_agent(spec: str, required: Mapping[str, Any], optional: Mapping[str, A
         raise AgentSpecError(spec, f"{cls.__qualname__}: {exc}") from None
 
 
-__all__ = ["AgentEntry", "AgentPluginWarning", "AgentSpecError", "BUILTIN_AGENTS", "ENTRY_POINT_GROUP", "MODEL_ARGS",
+def make_agent(spec: str, **kwargs: Any) -> "MemoryPolicy":
+    """Build an agent by its name or ``module:Class`` (see :func:`resolve_agent`); an unknown or
+    broken spec raises :class:`AgentSpecError` (a ``ValueError``)."""
+    return resolve_agent(spec)(**kwargs)
+
+
+__all__ = ["make_agent", "AgentEntry", "AgentPluginWarning", "AgentSpecError", "BUILTIN_AGENTS", "ENTRY_POINT_GROUP", "MODEL_ARGS",
            "SCRIPTED_ARGS", "agent_names", "build_agent", "check_convention", "check_options", "check_trainable",
            "constructor_params", "registered_agents", "resolve_agent"]

@@ -133,7 +133,7 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
                         continue
                     episode = agent.cut_episode(slot)
                     if "num_chunks" in info:  # the turns the whole episode has: a memory call a chunk, the answer
-                        episode.meta["turns"] = int(info["num_chunks"]) + 1
+                        episode.turns = int(info["num_chunks"]) + 1
                 else:
                     episode = agent.end_episode(info, reward, slot=slot)
                 results[plan.index] = episode

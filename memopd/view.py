@@ -277,7 +277,7 @@ def is_failure(ep: Episode) -> bool:
 def teacher_kl(inv: Invocation) -> tuple[list[float | None] | None, str | None]:
     """The per-token KL list of an invocation (non-finite values -> None) and a warning when
     ``meta["teacher_kl"]`` is there but unusable."""
-    kl = inv.meta.get("teacher_kl")
+    kl = inv.teacher_kl
     if kl is None:
         return None, None
     if not isinstance(kl, list):

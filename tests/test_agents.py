@@ -13,7 +13,8 @@ from agents.baselines import FullContextAgent, RAGAgent, bm25_rank
 from agents.memagent import MemAgent
 from agents.models import load
 from agents.oracle import OracleAgent, supporting_texts
-from agents.policy import AgentError, make_agent, strip_stop
+from agents.policy import AgentError, strip_stop
+from agents.registry import make_agent
 from agents.records import Invocation
 from agents.rollout import run_episode
 

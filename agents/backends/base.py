@@ -145,3 +145,20 @@ class Backend(ABC):
 
     def __call__(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Invocation]:
         return self.generate(requests, sampling)
+
+    # What a trainer asks of the backend it rolls out with (memopd.learn.actor). The defaults fit a
+    # backend that samples the trainer's own module in this process (hf); an engine overrides them.
+    def reseed(self, seed: int) -> None:
+        """Restart the seed stream of calls whose ``SamplingParams.seed`` is None, so that a trainer
+        replays a step's sampling exactly after a resume. Default: nothing to restart."""
+
+    def load_weights(self, model: Any) -> None:
+        """Sample ``model``'s current weights from now on (an engine copies them in). Default:
+        nothing, for a backend that samples the trainer's module itself. The caller bumps
+        ``policy_version``."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory while a colocated trainer updates. Default: nothing to free."""
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` before the next generation. Default: nothing."""

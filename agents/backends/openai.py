@@ -69,6 +69,10 @@ class OpenAIBackend(Backend):
     def reseed(self, seed: int) -> None:
         self._seed_calls = seed
 
+    def load_weights(self, model: Any) -> None:
+        raise NotImplementedError("a served model has no weight-sync path from the trainer: the openai backend "
+                                  "is for evaluation; train with the hf or vllm backend")
+
     # ------------------------------------------------------------------ http
     def _http(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """GET (no body) or POST JSON, retrying connection errors with exponential backoff; an
