@@ -174,12 +174,13 @@ def heldout(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     cached = model_dir / "heldout.json"
     if not cached.is_file():
         from agents.models import load
-        from memopd.train import Roller, TrainConfig
+        from memopd.learn.actor import Actor
+        from memopd.train import TrainConfig
 
         model, tok = load(model_dir)
         cfg = TrainConfig(env=ENV, env_kwargs=args.env_kwargs, eval_episodes=args.budget.eval_episodes,
                           max_new_tokens=args.budget.max_new_tokens, progress=False)
-        cached.write_text(json.dumps(Roller(cfg, model, tok).evaluate()))
+        cached.write_text(json.dumps(Actor(cfg, model, tok).evaluate()))
     return json.loads(cached.read_text())
 
 
@@ -558,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from memgym.cli import set_threads
+    from memopd.runtime import set_threads
 
     set_threads(1)
     if args.one:

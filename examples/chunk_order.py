@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="training runs at a time (one torch thread each)")
     ap.add_argument("--smoke", action="store_true", help="a tiny budget that checks the pipeline, not the result")
     args = ap.parse_args(argv)
-    from memgym.cli import set_threads
+    from memopd.runtime import set_threads
 
     set_threads(1)  # one thread a process: on a shared 2-core machine more threads thrash
     b = SMOKE if args.smoke else FULL

@@ -109,10 +109,11 @@ def build_teacher(rep, exp: Path, b, blind: list[str], args: argparse.Namespace)
 def split_f1(model: Any, tok: Any, blind: list[str], b, rep) -> dict[str, float]:
     """Held-out F1 (the trainer's evaluation: greedy, test seeds 10_000 + g) over all episodes and
     split by whether the gold company is one the teacher is blind to."""
-    from memopd.train import Roller, TrainConfig
+    from memopd.learn.actor import Actor
+    from memopd.train import TrainConfig
 
     cfg = TrainConfig(env=rep.ENV, env_kwargs=rep.ENV_KWARGS, eval_episodes=b.eval_episodes, progress=False)
-    eps = Roller(cfg, model, tok).heldout_episodes()
+    eps = Actor(cfg, model, tok).heldout_episodes()
     part = {"all": eps, "blind": [e for e in eps if set(e.answers) & set(blind)],
             "seen": [e for e in eps if not set(e.answers) & set(blind)]}
     out = {k: (sum(e.metrics["f1"] for e in v) / len(v) if v else float("nan")) for k, v in part.items()}

@@ -8,7 +8,7 @@ The task is examples/reproduce_memopd.py's: `memgym/LongQA-v0` with `chunk_size=
 memory_budget=16`, one fact among filler; only `num_chunks` changes (`--lengths`, default
 3, 6, 12, 24, 48, 96, 192: 144 to 9,216 tokens of context), the memory stays 16 tokens. For each
 length, held-out F1 on `--eval-episodes` test episodes (greedy), by the trainer's own evaluation
-(`memopd.train.Roller.evaluate`: the same episodes, sampling and scoring as a run's held-out F1), of
+(`memopd.learn.actor.Actor.evaluate`: the same episodes, sampling and scoring as a run's held-out F1), of
 
   MemOPD student    the trained `ppo+memopd` student of each seed (<exp>/<tree>/<divergence>/ppo+memopd/seed-<s>)
   PPO student       the trained `ppo` student of each seed
@@ -61,7 +61,7 @@ LENGTHS = (3, 6, 12, 24, 48, 96, 192)
 SMOKE_LENGTHS = (3, 6)
 SMOKE_EPISODES = 4
 SHIFT_SEED = 20_000  # reproduce_memopd's alignment episodes
-EVAL_SEED = 10_000  # memopd.train.Roller.evaluate's test episodes
+EVAL_SEED = 10_000  # memopd.learn.actor.Actor.evaluate's test episodes
 
 ROWS = {  # key prefix -> (table row, agent, weights)
     "memopd": ("MemOPD student", "memagent", "ppo+memopd"),
@@ -86,7 +86,7 @@ def log(message: str) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from memgym.cli import DEFAULT_THREADS, THREADS_HELP
+    from memopd.config import DEFAULT_THREADS, THREADS_HELP
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -284,13 +284,14 @@ def evaluation(args: argparse.Namespace, weights: Weights, p: Policy, n: int) ->
                 "weights": p.weights, "max_new_tokens": args.max_new_tokens}
 
     def compute() -> dict[str, Any]:
-        from memopd.train import Roller, TrainConfig
+        from memopd.learn.actor import Actor
+        from memopd.train import TrainConfig
 
         model, tok = weights.get(p)
         cfg = TrainConfig(env=ENV, env_kwargs=env_kwargs(n), eval_episodes=args.eval_episodes, agent=p.agent,
                           max_new_tokens=args.max_new_tokens, questions_per_step=1, group_size=1,
                           progress=args.progress)
-        return Roller(cfg, model, tok).evaluate()
+        return Actor(cfg, model, tok).evaluate()
 
     path = args.out / "cache" / p.key / f"chunks-{n:04d}.json"
     t0 = time.perf_counter()
@@ -317,7 +318,7 @@ def context_measure(args: argparse.Namespace, tokenizer: Callable[[], Any], n: i
         env = gym.make(ENV, split="test", tokenizer=tokenizer(), **env_kwargs(n))
         counter = env.unwrapped.counter
         totals = []
-        for g in range(args.eval_episodes):  # Roller.evaluate's episode g resets with seed 10_000 + g
+        for g in range(args.eval_episodes):  # Actor.evaluate's episode g resets with seed 10_000 + g
             _, info = env.reset(seed=EVAL_SEED + g)
             total = 0
             while info["phase"] == "memory":
@@ -576,7 +577,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from memgym.cli import set_threads
+    from memopd.runtime import set_threads
 
     set_threads(args.threads)
     t0 = time.perf_counter()

@@ -115,7 +115,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for f in dataclasses.fields(Budget):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                         help=f"override the budget's {f.name} (default {f.default}; smoke {getattr(SMOKE, f.name)})")
-    from memgym.cli import DEFAULT_THREADS, THREADS_HELP
+    from memopd.config import DEFAULT_THREADS, THREADS_HELP
 
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP.replace("%", "%%"))
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars")
@@ -172,13 +172,14 @@ def heldout_f1(model_dir: Path, b: Budget, env_kwargs: dict[str, Any] = ENV_KWAR
     heldout.json, or heldout-<setting>.json for a setting other than the default); with
     ``agent=TRANSCRIPT_AGENT``, acting in the persistent-history context (heldout-transcript*.json)."""
     from agents.models import load
-    from memopd.train import Roller, TrainConfig
+    from memopd.learn.actor import Actor
+    from memopd.train import TrainConfig
 
     cached = model_dir / f"heldout{'-transcript' if agent == TRANSCRIPT_AGENT else ''}{setting_tag(env_kwargs)}.json"
     if not cached.is_file():
         model, tok = load(model_dir)
         cfg = TrainConfig(env=ENV, env_kwargs=env_kwargs, agent=agent, eval_episodes=b.eval_episodes, progress=False)
-        cached.write_text(json.dumps(Roller(cfg, model, tok).evaluate()))
+        cached.write_text(json.dumps(Actor(cfg, model, tok).evaluate()))
     return json.loads(cached.read_text())["f1"]
 
 

@@ -174,10 +174,10 @@ def heldout(model_spec: str, path: Path, b: Budget, episodes: int, threads: int)
     """Held-out F1 / EM of a model under the memory agent (greedy, test split), cached in ``path``."""
     if not path.is_file():
         from agents.models import load
-        from memopd.train import Roller
+        from memopd.learn.actor import Actor
 
         model, tok = load(model_spec)
-        path.write_text(json.dumps(Roller(train_config(model_spec, b, episodes, threads), model, tok).evaluate()))
+        path.write_text(json.dumps(Actor(train_config(model_spec, b, episodes, threads), model, tok).evaluate()))
     return json.loads(path.read_text())
 
 

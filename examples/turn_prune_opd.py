@@ -274,12 +274,13 @@ def heldout(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     cached = model_dir / "heldout.json"
     if not cached.is_file():
         from agents.models import load
-        from memopd.train import Roller, TrainConfig
+        from memopd.learn.actor import Actor
+        from memopd.train import TrainConfig
 
         model, tok = load(model_dir)
         cfg = TrainConfig(env=ENV, env_kwargs=args.env_kwargs, eval_episodes=args.budget.eval_episodes,
                           max_new_tokens=args.budget.max_new_tokens, progress=False)
-        cached.write_text(json.dumps(Roller(cfg, model, tok).evaluate()))
+        cached.write_text(json.dumps(Actor(cfg, model, tok).evaluate()))
     return json.loads(cached.read_text())
 
 
@@ -487,6 +488,7 @@ def drift_diagnostic(args: argparse.Namespace, episodes: int = 32) -> dict[str, 
     from agents.models import load
     from agents.rollout import rollout
     from memopd import losses
+    from memopd.plugins import prune_opd
     from memopd.packing import pack_episodes
     from memopd.scoring import action_states
     k = b.prune_topk
@@ -505,7 +507,7 @@ def drift_diagnostic(args: argparse.Namespace, episodes: int = 32) -> dict[str, 
             turns = batch.token_map[:, 1]
             flagged = {}
             for patience in sorted({1, 2, b.prune_patience}):
-                _, events = losses.drift_weights(ov, batch.token_map, b.prune_threshold, patience, 0.5)
+                _, events = prune_opd.drift_weights(ov, batch.token_map, b.prune_threshold, patience, 0.5)
                 flagged[str(patience)] = len(events)
             res["teachers"][name] = {
                 "overlap": float(ov.mean()), "low_share": float((ov < b.prune_threshold).float().mean()),
@@ -563,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.build:
         build(args.build, out, args.budget, args.env_kwargs)
         return 0
-    from memgym.cli import set_threads
+    from memopd.runtime import set_threads
 
     set_threads(1)
     t0 = time.perf_counter()

@@ -3,8 +3,6 @@
 - Env options are ``--env-kwarg KEY=VALUE`` (repeatable); agent options ``--agent-kwarg KEY=VALUE``.
   VALUE is read as a Python literal when it is one (``8``, ``0.5``, ``True``, ``None``,
   ``{"train": "a.jsonl"}``), else kept as a string.
-- ``--threads N`` sets torch's CPU threads; the default (:data:`DEFAULT_THREADS`) is the same in
-  every CLI.
 - A failure prints ``error: <what, where, how to fix>`` on stderr, never a traceback, and exits
   with :data:`EXIT_USAGE` (2) for bad input; :func:`run_main` does this for a ``main``.
 """
@@ -16,9 +14,6 @@ import sys
 from typing import Any, Callable, Sequence
 
 EXIT_USAGE = 2
-DEFAULT_THREADS = 0
-THREADS_HELP = ("torch CPU threads (default 0: torch's choice, one per core). On a busy shared machine 1 is "
-                "safer: two threads on a busy 2-core box ran 5-40x slower")
 
 
 class CLIError(Exception):
@@ -46,14 +41,6 @@ def parse_kwargs(items: Sequence[str], flag: str = "--env-kwarg") -> dict[str, A
 def format_kwargs(kwargs: dict[str, Any], flag: str = "--env-kwarg") -> str:
     """The flags that :func:`parse_kwargs` reads back as ``kwargs``."""
     return " ".join(f"{flag} {k}={v!r}" if not isinstance(v, str) else f"{flag} {k}={v}" for k, v in kwargs.items())
-
-
-def set_threads(threads: int | None) -> None:
-    """Apply ``--threads`` (None or 0: torch's default). Imports torch only when needed."""
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> int:
@@ -88,5 +75,4 @@ def describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-__all__ = ["CLIError", "DEFAULT_THREADS", "EXIT_USAGE", "THREADS_HELP", "describe", "fail", "format_kwargs",
-           "parse_kwargs", "run_main", "set_threads"]
+__all__ = ["CLIError", "EXIT_USAGE", "describe", "fail", "format_kwargs", "parse_kwargs", "run_main"]

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from agents.records import Episode, Invocation
-from memgym.cli import DEFAULT_THREADS, THREADS_HELP, run_main
+from memgym.cli import run_main
+from memopd.config import DEFAULT_THREADS, THREADS_HELP
 from memopd.attention import LOWERINGS, attn_implementation, resolve_lowering
 from memopd.contexts import MODES, episode_invocations
 from memopd.inputs import DTYPES, INPUT_ERRORS, load_cli_inputs

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence, TypeVar, get_args, get_origin, get_t
 
 import tomli_w
 
-from memgym.cli import DEFAULT_THREADS, THREADS_HELP, CLIError, parse_kwargs
+from memgym.cli import CLIError, parse_kwargs
 from memopd.attention import LOWERINGS
 
 if sys.version_info >= (3, 11):
@@ -37,15 +37,19 @@ C = TypeVar("C")
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+DEFAULT_THREADS = 0
+THREADS_HELP = ("torch CPU threads (default 0: torch's choice, one per core). On a busy shared machine 1 is "
+                "safer: two threads on a busy 2-core box ran 5-40x slower")
 
 
 class ConfigError(ValueError):
     """A config value or file is invalid; the message says which and what is allowed."""
 
 
-def field(default: Any = dataclasses.MISSING, *, help: str, choices: Sequence[Any] | None = None,
+def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str], choices: Sequence[Any] | None = None,
           range: tuple[float | None, float | None] | None = None, default_factory: Any = dataclasses.MISSING):
-    """A dataclass field with documentation and optional validation metadata."""
+    """A dataclass field with documentation and optional validation metadata; ``help`` may be a
+    function, called when ``--help`` is printed (e.g. to list installed plugins)."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "range": range}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
@@ -62,7 +66,9 @@ class Config:
 
 @dataclass
 class TrainingOptions(Config):
-    """Options every trainer shares (``memopd.train`` and ``memopd.sft``): one name, one meaning,
+    """Shared with memopd.sft: env, model, seed, threads, optimiser, packing, attention, memory
+
+    Options every trainer shares (``memopd.train`` and ``memopd.sft``): one name, one meaning,
     one set of choices."""
 
     env: str = field("memgym/LongQA-v0", help="memgym environment id (see memgym.list_envs())")
@@ -94,49 +100,6 @@ class TrainingOptions(Config):
                                                      "pass instead of keeping them: far less memory for a real "
                                                      "model's packed rows, for more compute (docs/BENCHMARKS.md)")
     progress: bool = field(True, help="progress bars")
-
-
-def prepare_model(model: Any, options: TrainingOptions) -> Any:
-    """Apply the memory options of ``options`` to a model about to be trained; returns it."""
-    if options.gradient_checkpointing:
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise ConfigError(f"--gradient-checkpointing: {type(model).__name__} does not support it")
-        from memopd.attention import enable_activation_checkpointing
-
-        enable_activation_checkpointing(model)
-    return model
-
-
-def compute_dtype(dtype: str, device: str) -> Any:
-    """The context every forward and backward pass of a trainer runs in: nothing for float32,
-    ``torch.autocast(device, bfloat16)`` for bfloat16 (weights and optimizer state stay fp32)."""
-    import contextlib
-
-    import torch
-
-    if dtype not in COMPUTE_DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {list(COMPUTE_DTYPES)}")
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
-
-
-def lr_lambda(schedule: str, warmup: int, total: int, floor: float = 0.0) -> Callable[[int], float]:
-    """The learning-rate multiplier of every trainer: linear warm-up over ``warmup`` steps, then
-    ``schedule`` (constant, or cosine / linear decay to ``floor`` x the peak at step ``total``)."""
-    if schedule not in LR_SCHEDULES:
-        raise ConfigError(f"unknown lr schedule {schedule!r}; choose one of {list(LR_SCHEDULES)}")
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        frac = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "cosine":
-            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
-        if schedule == "linear":
-            return floor + (1.0 - floor) * (1.0 - frac)
-        return 1.0
-    return f
 
 
 # ------------------------------------------------------------------------------------------------
@@ -302,31 +265,47 @@ def _default(f: dataclasses.Field) -> Any:
     return None if f.default is dataclasses.MISSING else f.default
 
 
+def _owner(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO that declares field ``name`` (the most derived one): its slice."""
+    for klass in cls.__mro__:
+        if name in vars(klass).get("__annotations__", {}):
+            return klass
+    return cls
+
+
 def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
-    """One flag per field; each help line says the default once and the choices of an enumerated
-    option (as its metavar)."""
+    """One flag per field, grouped by the config slice (base dataclass) that declares it, under the
+    first line of that slice's docstring; each help line says the default once and the choices of
+    an enumerated option (as its metavar)."""
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", metavar="FILE.toml",
                         help="read options from a TOML file (keys as the flags, e.g. opd_coef = 0.5); "
                              "flags given here override it")
     hints = get_type_hints(cls)
+    groups: dict[type, Any] = {}
     for f in dataclasses.fields(cls):
+        owner = _owner(cls, f.name)
+        if owner not in groups:
+            title = (owner.__doc__ or owner.__name__).strip().splitlines()[0] if owner is not cls else "options"
+            groups[owner] = parser.add_argument_group(title.rstrip("."))
+        group = groups[owner]
         base = _plain(_base_type(hints[f.name])[0])
         default, choices = _default(f), f.metadata.get("choices")
         text = f.metadata.get("help", "")
+        text = text() if callable(text) else text  # help that lists what is installed: made when asked
         if base is bool:
             text += f" (default: {_flag(f.name) if default else '--no-' + _flag(f.name)[2:]})"
-            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+            group.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=text.replace("%", "%%"))
         elif base is dict:
-            parser.add_argument(kwarg_flag(f.name), dest=f.name, action="append", metavar="KEY=VALUE",
+            group.add_argument(kwarg_flag(f.name), dest=f.name, action="append", metavar="KEY=VALUE",
                                 default=argparse.SUPPRESS, help=text.replace("%", "%%"))
         else:
             if default is not None and "default" not in text:  # said once, by the help itself if it does
                 text += f" (default: {default})"
             metavar = "{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper()
-            parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, metavar=metavar,
+            group.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, metavar=metavar,
                                 help=text.replace("%", "%%"))
     return parser
 

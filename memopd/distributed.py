@@ -1,6 +1,6 @@
 """Several processes, one training run: ``torchrun --nproc-per-node N -m memopd.train ...``.
 
-What each rank does in a step (see :meth:`memopd.train.Trainer.train_step`):
+What each rank does in a step (see :meth:`memopd.learn.trainer.Trainer.train_step`):
 
 1. rolls out its share of the step's questions (:func:`question_share`: a question's group of
    samples stays on one rank) with a full, unsharded copy of the student (the *rollout twin*,
@@ -217,6 +217,68 @@ def assign_episodes(token_counts: Sequence[int], world_size: int) -> list[list[i
 def episode_tokens(episode: Any) -> int:
     """Real tokens an episode's invocations put into packed rows (prompt + response each)."""
     return sum(len(inv.prompt_ids) + len(inv.response_ids) for inv in episode.invocations)
+
+
+def gather_episodes(mine: list[Any], world: World) -> list[Any]:
+    """Every rank's episodes, in rank order, on every rank (one process: its own)."""
+    if not world.enabled:
+        return mine
+    return [e for part in gather_objects(mine, world) for e in part]
+
+
+def own_episodes(episodes: Sequence[Any], world: World) -> list[int]:
+    """Indices of the episodes this rank packs and scores: all of them alone; under torchrun a
+    share of whole episodes balanced by real tokens."""
+    if not world.enabled:
+        return list(range(len(episodes)))
+    return assign_episodes([episode_tokens(e) for e in episodes], world.size)[world.rank]
+
+
+# ------------------------------------------------------------------------------------------------
+# A global loss from each rank's share
+# ------------------------------------------------------------------------------------------------
+
+def standardise(x: torch.Tensor, world: World) -> torch.Tensor:
+    """``x`` to mean 0, std 1 over every rank's values (one process: in ``x``'s own dtype)."""
+    if not world.enabled:
+        return (x - x.mean()) / (x.std() + 1e-6) if len(x) > 1 else x
+    n, total = all_sum([len(x), float(x.double().sum())], world)
+    if n <= 1:
+        return x
+    mean = total / n
+    (sq,) = all_sum([float(((x.double() - mean) ** 2).sum())], world)
+    return ((x - mean) / (math.sqrt(sq / (n - 1)) + 1e-6)).float()
+
+
+def row_groups(batch: Any, minibatches: int, world: World) -> list[Any]:
+    """``minibatches`` groups of a packed batch's rows. Under torchrun every rank makes the same
+    number (its rows in that many near-equal parts; fewer when a rank has fewer rows), since each
+    group is one collective optimizer step."""
+    if not world.enabled:
+        return batch.micro_batches(max(1, math.ceil(batch.num_rows / minibatches)))
+    (m,) = all_min([min(minibatches, batch.num_rows)], world)
+    size, extra = divmod(batch.num_rows, int(m))
+    bounds = [i * size + min(i, extra) for i in range(int(m) + 1)]
+    return [batch.select_rows(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+
+def global_scales(sums: Sequence[float], world: World) -> list[float]:
+    """Factors turning this rank's masked means (over its own normalisers ``sums``) into its part of
+    the means over every rank: 1 for one process."""
+    totals = all_sum(sums, world)
+    return [(s / g if g > 0 else 0.0) for s, g in zip(sums, totals)]
+
+
+def any_rank(flag: bool, world: World) -> bool:
+    """A flag raised on any rank (a non-finite loss skips the minibatch everywhere)."""
+    return bool(flag) if not world.enabled else all_max([float(bool(flag))], world)[0] > 0
+
+
+def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float, world: World) -> torch.Tensor:
+    """Clip the gradient norm (of the whole gradient, also when it is sharded) to ``max_norm``."""
+    if not world.enabled:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return clip_grad_norm(params, max_norm, world)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -473,14 +535,10 @@ def weighted_stats(parts: dict[str, list[tuple[float, float]]], world: World) ->
     return out
 
 
-def main_only(world: World, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on rank 0 only (files, logs); ``None`` elsewhere."""
-    return fn() if world.is_main else None
-
-
 __all__ = ["PARALLEL_MODES", "DistributedError", "FullState", "PackedStates", "SINGLE", "ShardedState", "World", "all_max",
-           "all_min", "all_sum", "all_sum_tensor", "assign_episodes", "barrier", "check_batch", "clip_grad_norm",
-           "decoder_layers", "episode_tokens", "full_state_dict", "gather_objects",
+           "all_min", "all_sum", "all_sum_tensor", "any_rank", "assign_episodes", "barrier", "check_batch", "clip_grad_norm",
+           "clip_gradients", "decoder_layers", "episode_tokens", "full_state_dict", "gather_episodes", "gather_objects",
+           "global_scales", "own_episodes", "row_groups", "standardise",
            "from_rank0", "launched_rank", "launched_size", "load_full_optimizer_state", "load_full_state_dict",
            "publish_twin", "question_share", "restarted", "setup", "shutdown", "sync_twin", "weighted_stats", "whole_head",
            "wrap"]

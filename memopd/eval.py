@@ -39,7 +39,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from memgym.cli import DEFAULT_THREADS, THREADS_HELP, CLIError, describe, parse_kwargs, run_main, set_threads
+from memgym.cli import CLIError, describe, parse_kwargs, run_main
+from memopd.config import DEFAULT_THREADS, THREADS_HELP
+from memopd.runtime import set_threads
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -13,7 +13,8 @@ import torch
 
 from agents.models import ModelLoadError, load
 from agents.records import Episode, RecordError, load_episodes
-from memgym.cli import CLIError, set_threads
+from memgym.cli import CLIError
+from memopd.runtime import set_threads
 from memopd.attention import UnsupportedLoweringError
 from memopd.contexts import PackingError
 from memopd.heads import UnsupportedModelError

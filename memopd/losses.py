@@ -334,45 +334,6 @@ def overlap_from_states(student: ActionStates, k: int, chunk_size: int = 1024, t
     return torch.cat(parts) if parts else student.hidden.new_zeros(0)
 
 
-def drift_weights(overlap: torch.Tensor, token_map: torch.Tensor, threshold: float, patience: int,
-                  decay: float) -> tuple[torch.Tensor, dict[int, tuple[int, int]]]:
-    """Prune-OPD's weights of the distillation terms, from the per-token top-k overlap.
-
-    ``overlap`` [N] and ``token_map`` [N, 3] (episode, invocation, token) list a step's action
-    tokens in canonical order. An episode *drifts* at the first of ``patience`` consecutive tokens
-    (in call order, across calls) whose overlap is below ``threshold``. From there on its
-    tokens weigh ``decay`` in the drifting call and ``decay ** (1 + c)`` in the c-th call after it
-    (monotonically less); an episode that never drifts keeps weight 1 everywhere. Returns
-    (weights [N], {episode: (invocation, token) of its drift event})."""
-    weights = torch.ones(len(overlap))
-    events: dict[int, tuple[int, int]] = {}
-    rows = token_map.tolist()
-    low = (overlap < threshold).tolist()
-    run, start = 0, 0
-    for i, (e, j, t) in enumerate(rows):
-        if i == 0 or rows[i - 1][0] != e:
-            run = 0
-        if e in events:
-            continue
-        run = run + 1 if low[i] else 0
-        if run == 1:
-            start = i
-        if run >= patience:
-            events[e] = (rows[start][1], rows[start][2])
-    calls: dict[int, list[int]] = {}
-    for e, j, _ in rows:
-        if e in events and (not calls.get(e) or calls[e][-1] != j):
-            calls.setdefault(e, []).append(j)
-    for i, (e, j, t) in enumerate(rows):
-        if e not in events:
-            continue
-        ej, et = events[e]
-        if (j, t) < (ej, et):
-            continue
-        weights[i] = decay ** (1 + calls[e].index(j) - calls[e].index(ej))
-    return weights, events
-
-
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) per row: [n, V] -> [n]."""
     logp = F.log_softmax(logits.float(), dim=-1)

@@ -24,9 +24,10 @@ from typing import Any, Sequence
 import torch
 
 from agents.records import Episode, load_episodes
-from memgym.cli import run_main, set_threads
+from memgym.cli import run_main
 from memopd import config as cfgmod
-from memopd.config import LR_SCHEDULES, ConfigError, TrainingOptions, field, lr_lambda
+from memopd.config import LR_SCHEDULES, ConfigError, TrainingOptions, field
+from memopd.runtime import compute_dtype, lr_lambda, prepare_model, set_threads
 from memopd.packing import fitting_budget, pack_episodes
 from memopd.scoring import action_states, token_logprobs
 
@@ -165,7 +166,7 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
     set_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     model, tokenizer = load(cfg.model, device=cfg.device)
-    cfgmod.prepare_model(model, cfg)
+    prepare_model(model, cfg)
     if cfg.episodes:
         report = load_episodes(cfg.episodes)
         for line, msg in report.errors:
@@ -182,7 +183,7 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
         print(f"Generating {cfg.num_episodes} oracle trajectories on {cfg.env} ...", file=sys.stderr)
         episodes = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, cfg.num_episodes, cfg.seed, progress=progress)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    with cfgmod.compute_dtype(cfg.dtype, cfg.device):
+    with compute_dtype(cfg.dtype, cfg.device):
         history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress)
     save_pretrained(out, model, tokenizer, files={
         "sft_config.json": json.dumps(dataclasses.asdict(cfg), indent=2),

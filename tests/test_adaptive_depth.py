@@ -43,7 +43,7 @@ def test_the_depth_rule(tmp_path, means, frac, least, want):
     cfg = train.cfgmod.parse_args(train.TrainConfig, FAST + ["--run-dir", str(tmp_path / "r"), "--depth-kl-frac",
                                                              str(frac), "--depth-min", str(least)], "t", "")
     trainer = train.Trainer(train.prepare(cfg), log=lambda m: None)
-    assert trainer._choose_depth([(m, 0.0) for m in means]) == want
+    assert trainer.plugin("turn_opd").choose_depth([(m, 0.0) for m in means]) == want
 
 
 FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=3", "--questions-per-step", "2", "--group-size",
@@ -57,10 +57,10 @@ def test_probe_steps_roll_out_in_full_and_the_others_are_cut_and_distilled_only(
     trainer = train.Trainer(train.prepare(cfg), log=lambda m: None)
     probe = trainer.train_step()  # step 0: a probe (no depth chosen yet)
     assert probe["depth/probe"] == 1.0 and probe["calls_per_episode"] == 4.0 and probe["depth/cut_episodes"] == 0
-    depth = trainer.history["depth"]
-    assert 1 <= depth <= 4 and len(trainer.last_turn_kl) == 4 and all(m > 0 for m, _ in trainer.last_turn_kl)
+    depth = trainer.plugin("turn_opd").depth
+    assert 1 <= depth <= 4 and len(trainer.plugin("turn_opd").last_turn_kl) == 4 and all(m > 0 for m, _ in trainer.plugin("turn_opd").last_turn_kl)
     trainer.step = 1
-    trainer.history["depth"] = 2  # as a probe could choose; what a cut step does with it
+    trainer.plugin("turn_opd").depth = 2  # as a probe could choose; what a cut step does with it
     cut = trainer.train_step()
     assert cut["depth/probe"] == 0.0 and cut["depth/limit"] == 2.0 and cut["depth/cut_episodes"] == 1.0
     assert cut["calls_per_episode"] == 2.0 and all(len(e.invocations) == 2 for e in trainer.last_episodes)

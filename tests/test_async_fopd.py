@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memopd import async_rollouts
+from memopd.plugins import async_ray as async_rollouts
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "async_fopd.py"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memopd import async_rollouts as ar
+from memopd.plugins import async_ray as ar
 from memopd import train
 from memopd.config import ConfigError
 from memopd.runlog import read_metrics

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memopd import checkpoint, config
+from memopd import checkpoint, config, runtime
 
 
 @dataclasses.dataclass
@@ -181,9 +181,9 @@ def test_train_and_sft_share_their_common_options():
         assert fields["threads"].default == 0  # memgym.cli.DEFAULT_THREADS, as every CLI
     assert TrainConfig().audit_every == 20  # a cheap periodic RCE audit by default
     # one schedule: the SFT default (cosine to 10%) and the trainer's options are the same function
-    f = config.lr_lambda("cosine", 2, 12, floor=0.1)
+    f = runtime.lr_lambda("cosine", 2, 12, floor=0.1)
     assert [round(f(s), 4) for s in (0, 1, 2, 12)] == [0.5, 1.0, 1.0, 0.1]
-    assert config.lr_lambda("linear", 0, 10)(5) == 0.5 and config.lr_lambda("constant", 0, 10)(9) == 1.0
+    assert runtime.lr_lambda("linear", 0, 10)(5) == 0.5 and runtime.lr_lambda("constant", 0, 10)(9) == 1.0
 
 
 # --- checkpoints trust nothing ------------------------------------------------------------------

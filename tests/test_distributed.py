@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from memopd import checkpoint, distributed, train
+from memopd.learn.actor import Actor
 from memopd.runlog import read_metrics
 
 FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size",
@@ -285,8 +286,8 @@ def test_held_out_evaluation_split_across_ranks_equals_one_process(two_rank_run,
     run, _ = two_rank_run
     summary = json.loads((run / "summary.json").read_text())
     trainer = _trainer(tmp_path / "one", [])
-    assert trainer.roller.evaluate() == pytest.approx(summary["eval_before"])
-    judge = train.Roller(trainer.cfg, trainer.teacher, trainer.teacher_tok)
+    assert trainer.actor.evaluate() == pytest.approx(summary["eval_before"])
+    judge = Actor(trainer.cfg, trainer.teacher.model, trainer.teacher.tokenizer)
     assert judge.evaluate() == pytest.approx(summary["eval_teacher"])
 
 
@@ -299,8 +300,8 @@ def test_each_rank_evaluates_its_own_test_episodes(tmp_path, monkeypatch):
     monkeypatch.setattr(agents.rollout, "rollout", lambda envs, agent, n, seed, **kw: calls.append((n, seed)) or [])
     monkeypatch.setattr(distributed, "gather_objects", lambda obj, world: [obj] * world.size)
     for rank in range(2):
-        trainer.roller.world = distributed.World(rank, 2)
-        trainer.roller.evaluate()
+        trainer.actor.world = distributed.World(rank, 2)
+        trainer.actor.evaluate()
     assert calls == [(3, 10_000), (2, 10_003)]
 
 
@@ -343,7 +344,7 @@ def test_resume_at_another_world_size_in_both_directions(two_rank_run, tmp_path)
     # the reference: the whole weights the 2-rank run exported at step 3 (gathered, not read by DCP)
     final = load_file(str(run / "model" / "model.safetensors"))
     assert all(torch.equal(v, final[k]) for k, v in trainer.student.state_dict().items() if k in final)
-    opt = trainer.opt.state_dict()["state"]
+    opt = trainer.updater.opt.state_dict()["state"]
     assert len(opt) == len(list(trainer.student.parameters()))
     assert {float(s["step"]) for s in opt.values()} == {3.0 * cfg.ppo_epochs}  # one minibatch an epoch
     assert all(s["exp_avg_sq"].abs().sum() > 0 for s in opt.values())

@@ -13,7 +13,7 @@ import pytest
 
 import memgym  # noqa: F401  (registers the envs)
 from agents.records import load_episodes
-from memgym.cli import DEFAULT_THREADS, THREADS_HELP
+from memopd.config import DEFAULT_THREADS, THREADS_HELP
 from memopd.eval import evaluate, format_table, main, parse_args, summarize
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from memopd import losses, train
+from memopd.plugins.freshness import fresh_weights
 
 
 def test_episode_drift_is_the_mean_k3_of_its_tokens():
@@ -49,13 +50,13 @@ def test_simulated_staleness_trains_on_the_batch_of_s_steps_before_and_resumes_w
     # the queue starts with two batches of the initial policy (steps -2 and -1), then lags by 2
     assert lags == [0.0, 1.0, 2.0, 2.0]
     assert trained == [{"step-2"}, {"step-1"}, {"step0"}, {"step1"}]
-    assert [{e.episode_id.split("/")[0] for e in b} for b in trainer.stale_queue] == [{"step2"}, {"step3"}]
+    assert [{e.episode_id.split("/")[0] for e in b} for b in trainer.plugin("staleness").queue] == [{"step2"}, {"step3"}]
     trainer.step = 4
     trainer.save()
     again = _trainer(tmp_path / "other", "--simulated-staleness", "2")
     again.run_dir = trainer.run_dir
     again.restore()
-    assert [[e.to_dict() for e in b] for b in again.stale_queue] == [[e.to_dict() for e in b] for b in trainer.stale_queue]
+    assert [[e.to_dict() for e in b] for b in again.plugin("staleness").queue] == [[e.to_dict() for e in b] for b in trainer.plugin("staleness").queue]
 
 
 def test_freshness_weights_each_episodes_terms(tmp_path):
@@ -66,7 +67,7 @@ def test_freshness_weights_each_episodes_terms(tmp_path):
     batch = pack_episodes(episodes, 1024)
     weights = torch.ones(batch.num_actions)
     lags = torch.tensor([0.0, 1.0, 2.0, 3.0])
-    w, opd, stats = trainer._fresh(batch, lags, batch.old_logprobs.clone(), weights, None)
+    w, opd, stats = fresh_weights(batch, lags, batch.old_logprobs.clone(), weights, batch.teacher.float(), trainer.cfg)
     ep = batch.token_map[:, 0]
     assert torch.allclose(w, torch.exp(-lags)[ep]) and torch.allclose(opd, batch.teacher.float() * torch.exp(-lags)[ep])
     assert stats["fresh/lag"] == 1.5 and stats["fresh/drift"] == 0.0

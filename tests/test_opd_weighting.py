@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memopd import losses, train
+from memopd.plugins import prune_opd
 
 # three calls: call 0 has 3 supervised tokens, call 1 has 1 (and one unsupervised), call 2 none
 CALLS = torch.tensor([0, 0, 0, 1, 1, 2])
@@ -103,18 +104,18 @@ def test_drift_is_the_first_of_patience_low_tokens_and_later_calls_decay_further
     # episode 0: calls of 3, 3 and 2 tokens; low overlap at tokens (1,1), (1,2), (2,0): a run of 3
     tm = torch.tensor(_tokens([3, 3, 2]) + _tokens([2, 2], episode=1))
     overlap = torch.tensor([0.9, 0.1, 0.9, 0.9, 0.1, 0.1, 0.1, 0.9] + [0.1, 0.1, 0.9, 0.1])
-    w, events = losses.drift_weights(overlap, tm, threshold=0.25, patience=3, decay=0.5)
+    w, events = prune_opd.drift_weights(overlap, tm, threshold=0.25, patience=3, decay=0.5)
     # the run of three starts at (1, 1); the single low token at (0, 1) is no drift; episode 1
     # has two low tokens in a row, then a high one: no drift with patience 3
     assert events == {0: (1, 1)}
     assert w.tolist() == [1, 1, 1, 1, 0.5, 0.5, 0.25, 0.25] + [1, 1, 1, 1]
-    w2, events2 = losses.drift_weights(overlap, tm, threshold=0.25, patience=2, decay=0.5)
+    w2, events2 = prune_opd.drift_weights(overlap, tm, threshold=0.25, patience=2, decay=0.5)
     assert events2 == {0: (1, 1), 1: (0, 0)} and w2[8:].tolist() == [0.5, 0.5, 0.25, 0.25]
 
 
 def test_a_run_does_not_continue_into_the_next_episode():
     tm = torch.tensor(_tokens([2]) + _tokens([2], episode=1))
-    w, events = losses.drift_weights(torch.tensor([0.9, 0.1, 0.1, 0.9]), tm, 0.25, 2, 0.5)
+    w, events = prune_opd.drift_weights(torch.tensor([0.9, 0.1, 0.1, 0.9]), tm, 0.25, 2, 0.5)
     assert events == {} and w.tolist() == [1, 1, 1, 1]
 
 

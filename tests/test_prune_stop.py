@@ -1,4 +1,4 @@
-"""Prune-OPD's rollout side (``--prune-opd``, ``memopd.prune.DriftMonitor``): the drift rule run
+"""Prune-OPD's rollout side (``--prune-opd``, ``memopd.plugins.prune_opd.DriftMonitor``): the drift rule run
 call by call against hand computations, the rollout stopping a drifted episode after the call it
 drifted in, and the trainer's stops agreeing with the learner's drift events."""
 
@@ -13,7 +13,7 @@ from agents import HFBackend, MemAgent, SamplingParams
 from agents.records import Invocation
 from agents.rollout import rollout
 from memopd import train
-from memopd.prune import DriftMonitor
+from memopd.plugins.prune_opd import DriftMonitor
 from memopd.scoring import ActionStates
 
 V = 6  # vocabulary of the hand-made distributions; k = 2

@@ -79,7 +79,7 @@ def test_bfloat16_computes_under_autocast_and_keeps_fp32_weights(tmp_path, capsy
     import torch
 
     from agents import models
-    from memopd.config import compute_dtype
+    from memopd.runtime import compute_dtype
 
     out = tmp_path / "out"
     assert sft.main(FAST + ["--out", str(out), "--dtype", "bfloat16", "--steps", "2"]) == 0

@@ -43,9 +43,9 @@ def test_progressive_weighting_follows_the_time_budget(tmp_path):
                              log=lambda m: None)
 
     budgeted = trainer("b", "--time-budget", "8")
-    budgeted.step, budgeted.history["train_clock"] = 5, 2.0
+    budgeted.step, budgeted.state.train_clock = 5, 2.0
     assert budgeted._progress() == 0.25
-    budgeted.history["train_clock"] = 20.0
+    budgeted.state.train_clock = 20.0
     assert budgeted._progress() == 1.0
     plain = trainer("p")
     plain.step = 5

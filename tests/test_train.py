@@ -103,7 +103,9 @@ def test_nan_losses_skip_then_stop_with_checkpoint_intact(tmp_path, monkeypatch)
     def nan_loss(pg, entropy, opd, entropy_coef, opd_coef):
         return pg * float("nan")
 
-    monkeypatch.setattr(train.losses, "actor_loss", nan_loss)
+    from memopd import losses
+
+    monkeypatch.setattr(losses, "actor_loss", nan_loss)
     trainer = train.Trainer(cfg, log=lambda m: None)
     before = {k: v.clone() for k, v in trainer.student.state_dict().items()}
     with pytest.warns(RuntimeWarning, match="non-finite loss"):
@@ -300,7 +302,9 @@ def test_update_does_not_write_into_the_packed_batch_and_reseeds_publicly(tmp_pa
 
     trainer = train.Trainer(_cfg(tmp_path / "run", "--steps", "1"), log=lambda m: None)
     packed, seeds = [], []
-    real_pack = train.pack_episodes
+    from memopd.learn import trainer as trainer_module
+
+    real_pack = trainer_module.pack_episodes
 
     def spy_pack(*args, **kwargs):
         batch = real_pack(*args, **kwargs)
@@ -308,7 +312,7 @@ def test_update_does_not_write_into_the_packed_batch_and_reseeds_publicly(tmp_pa
         return batch
 
     real_reseed = HFBackend.reseed
-    monkeypatch.setattr(train, "pack_episodes", spy_pack)
+    monkeypatch.setattr(trainer_module, "pack_episodes", spy_pack)
     monkeypatch.setattr(HFBackend, "reseed", lambda self, seed: (seeds.append(seed), real_reseed(self, seed)))
     trainer.train_step()
     batch, before = packed[0]

@@ -62,9 +62,9 @@ def test_one_step_trains_the_named_agent_with_its_options(tmp_path, agents_modul
     cfg = _cfg(run, "--steps", "1", "--agent", f"{agents_module}:BriefReader", "--agent-kwarg", "answer_words=2",
                "--agent-kwarg", "answer_max_new_tokens=3", "--teacher-mask", "answer")
     trainer = train.Trainer(cfg, log=lambda m: None)
-    agent = trainer.roller._agent(False, None)
+    agent = trainer.actor.agent(False, None)
     assert type(agent).__name__ == "BriefReader" and agent.answer_words == 2
-    assert agent.backend is trainer.roller.backend and agent.answer_sampling.max_new_tokens == 3
+    assert agent.backend is trainer.actor.backend and agent.answer_sampling.max_new_tokens == 3
     trainer.fit()
     episodes = load_episodes(run / "episodes" / "step-000001.jsonl").episodes
     assert episodes and {e.agent for e in episodes} == {"brief"}
@@ -78,7 +78,7 @@ def test_one_step_trains_the_named_agent_with_its_options(tmp_path, agents_modul
 def test_fullcontext_by_name(tmp_path):
     cfg = _cfg(tmp_path / "run", "--steps", "1", "--agent", "fullcontext")
     trainer = train.Trainer(cfg, log=lambda m: None)
-    episodes = trainer.roller.rollout(0)
+    episodes = trainer.actor.rollout(0).episodes
     assert {e.agent for e in episodes} == {"fullcontext"} and len(episodes) == 4
 
 

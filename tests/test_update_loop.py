@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from memopd import losses, train
+from memopd.learn.update import teacher_logprobs
 from memopd.scoring import ActionStates, token_logprobs
 
 
@@ -63,7 +64,7 @@ def test_keeping_the_teachers_distribution_across_epochs_changes_no_update(tmp_p
             episodes = trainer.rollout()
             for e, f1 in zip(episodes, [0.0, 1.0, 0.5, 0.25]):
                 e.metrics["f1"] = f1
-            assert trainer._teacher_logprobs(None) is None
+            assert teacher_logprobs(None, trainer.cfg) is None
         metrics = trainer.learn(episodes)
         runs[name] = (metrics, {k: v.detach().clone() for k, v in trainer.student.state_dict().items()})
     (m1, w1), (m2, w2) = runs["kept"], runs["recomputed"]

@@ -2,8 +2,9 @@
 
 Rollout workers (Ray actors, each with a CPU copy of the student on the transformers backend and
 its own envs) generate episodes continuously with the latest published weights into a bounded
-buffer; the learner (:class:`memopd.train.Trainer`) takes a step's batch from it, trains, and
-publishes the new weights with their version. Three actors' worth of parts:
+buffer; the learner (:class:`memopd.learn.trainer.Trainer`) takes a step's batch from it, trains,
+and publishes the new weights with their version. :class:`AsyncRollouts` is the plugin that puts
+this in place of the step's rollout. Three actors' worth of parts:
 
     learner  (RolloutPool)            hub (one actor)                  workers (N actors)
     publish(v, ray.put(weights)) -->  version v, weights ref   <-- claim(): units, v, weights ref
@@ -49,9 +50,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from memopd import distributed
+from memopd.config import ConfigError, field
+from memopd.learn.actor import SEED_STRIDE, Actor, Rollout, RolloutLimits
+from memopd.learn.plugin import Plugin, RolloutFn, StepResult, TrainingError
+from memopd.runtime import compute_dtype
+
 RAY_HINT = "pip install 'memopd[ray]'"
-SEED_STRIDE = 1_000_003
-"""Env seed of unit u: ``seed * SEED_STRIDE + u`` (as :meth:`memopd.train.Roller._rollout` seeds)."""
 POLL_S = 0.02
 """Seconds between polls of the hub while a worker is gated or the learner waits for a batch."""
 STOP_WAIT_S = 5.0
@@ -227,11 +232,9 @@ class RolloutWorker:
     def __init__(self, cfg: Any, model: Any, tokenizer: Any, worker_id: int, hub: Any, fail: str | None = None):
         import torch
 
-        from memopd.train import Roller
-
         torch.set_num_threads(1)
         self.cfg = dataclasses.replace(cfg, device="cpu", backend="hf", eval_episodes=1, progress=False)
-        self.roller = Roller(self.cfg, model.requires_grad_(False), tokenizer)
+        self.actor = Actor(self.cfg, model.requires_grad_(False), tokenizer)
         self.id, self.hub, self.fail = worker_id, hub, _parse_fail(fail)
         self.version = -1
         self.produced = 0
@@ -258,24 +261,17 @@ class RolloutWorker:
         import ray
 
         if version != self.version:
-            self.roller.model.load_state_dict(ray.get(weights))
-            self.roller.backend.policy_version = self.version = version
+            self.actor.load_weights(ray.get(weights), version)
+            self.version = version
 
     def generate(self, units: list[int]) -> dict[int, list]:
         """unit -> its G episodes, each run of consecutive units in one batched rollout seeded as
         the synchronous run seeds that step; ids as the synchronous run's."""
-        from agents.rollout import rollout
-        from memopd import config as cfgmod
-
         cfg, g = self.cfg, self.cfg.group_size
         out: dict[int, list] = {}
         for run in runs(units):
-            base = cfg.seed * SEED_STRIDE + run[0]
-            self.roller.backend.reseed(base)
-            with cfgmod.compute_dtype(cfg.dtype, "cpu"):
-                episodes = rollout(self.roller.train_envs, self.roller._agent(False, None), len(run) * g,
-                                   group_size=g, seed=base, progress=False, run_id="unit")
-            self.roller.check(episodes)
+            with compute_dtype(cfg.dtype, "cpu"):
+                episodes = self.actor.sample(cfg.seed * SEED_STRIDE + run[0], len(run), "unit")
             for k, e in enumerate(episodes):
                 _relabel(e, run[k // g], k % g, cfg.questions_per_step, self.id)
             out.update({u: episodes[i * g:(i + 1) * g] for i, u in enumerate(run)})
@@ -495,3 +491,114 @@ def _summary(exc: BaseException) -> str:
     if len(last) > 160 and ". " in last:  # Ray's own errors are one long paragraph: its first sentence
         last = last.split(". ")[0] + "."
     return f"{type(exc).__name__}: {last}"[:300]
+
+
+# ------------------------------------------------------------------------------------------------
+# The plugin
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class AsyncOptions:
+    """Asynchronous rollouts on Ray"""
+
+    async_rollouts: bool = field(False, help="asynchronous actor-learner mode on Ray (pip install 'memopd[ray]'): "
+                                             "--rollout-workers Ray actors sample episodes continuously with the "
+                                             "latest published student weights into a bounded buffer; each step "
+                                             "trains on a batch from it and publishes the new weights")
+    max_staleness: int = field(1, help="async rollouts: the most policy versions a sample used may lag the trained "
+                                       "policy (workers wait when this far ahead; staler samples are dropped and "
+                                       "generated again; 0: every step waits for its own rollouts)", range=(0, None))
+    rollout_workers: int = field(1, help="async rollouts: Ray actors sampling episodes (each a CPU copy of the "
+                                         "student, one torch thread)", range=(1, None))
+    max_worker_restarts: int = field(3, help="async rollouts: a dead worker is replaced (its unfinished episodes "
+                                             "dropped) up to this many times in a run; one more death ends it",
+                                     range=(0, None))
+    ray_address: str | None = field(None, help="async rollouts: the Ray cluster to join (ray start ...); default: "
+                                               "a local instance started and shut down by the run")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        if self.async_rollouts:
+            self._check_async()
+
+    def _check_async(self) -> None:
+        """What ``--async-rollouts`` cannot be combined with, and Ray installed."""
+        cfg: Any = self
+        if cfg.simulated_staleness:
+            raise ConfigError("--async-rollouts and --simulated-staleness exclude each other: the simulation is the "
+                              "synchronous stand-in for asynchronous workers; bound real staleness with "
+                              "--max-staleness")
+        if distributed.launched_size() > 1:
+            raise ConfigError("--async-rollouts runs in one learner process in this version, not under torchrun")
+        if cfg.backend != "hf":
+            raise ConfigError(f"--async-rollouts: the rollout workers sample with transformers (--backend hf), "
+                              f"not --backend {cfg.backend}")
+        if cfg.adaptive_depth:
+            raise ConfigError("--async-rollouts does not support --adaptive-depth yet (the workers roll out full "
+                              "episodes)")
+        if not ray_available():
+            raise ConfigError(f"--async-rollouts needs Ray, which is not installed: {RAY_HINT}")
+
+
+class AsyncRollouts(Plugin):
+    """Puts the workers' batches in place of the step's rollout, and publishes the weights after
+    every update; the workers run from :meth:`start` to :meth:`close` (or the last batch taken,
+    so that the final evaluation runs alone)."""
+
+    name = "async"
+    Options = AsyncOptions
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.pool: RolloutPool | None = None
+        self.saved: dict[str, Any] | None = None  # the units used, as checkpointed
+
+    @classmethod
+    def enabled(cls, cfg: Any) -> bool:
+        return cfg.async_rollouts
+
+    def start(self, step: int) -> None:
+        if step < self.ctx.cfg.steps:
+            self.pool = RolloutPool(self.ctx.cfg, self.ctx.student, self.ctx.tokenizer, step, self.saved,
+                                    log=self.ctx.log)
+
+    def wrap_rollout(self, rollout: RolloutFn) -> RolloutFn:
+        def take(step: int, limits: RolloutLimits) -> Rollout:
+            t0 = time.perf_counter()
+            with self._fatal():
+                episodes, metrics = self.pool.take(step)
+            if step + 1 >= self.ctx.cfg.steps:
+                self.close()
+            return Rollout(episodes, time.perf_counter() - t0, metrics)
+        return take
+
+    def end_step(self, result: StepResult) -> dict[str, float]:
+        if self.pool is not None:
+            with self._fatal():
+                self.pool.publish(result.step + 1, self.ctx.student)  # the weights' version after this update
+        return {}
+
+    @contextlib.contextmanager
+    def _fatal(self) -> Any:
+        """The workers cannot go on: the run ends, its last checkpoint intact."""
+        try:
+            yield
+        except RolloutError as exc:
+            raise TrainingError(f"{exc}; the last checkpoint is intact: continue with --resume "
+                                f"{self.ctx.run_dir}") from exc
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.saved = self.pool.state()
+            self.pool.close()
+            self.pool = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"units": self.pool.state() if self.pool is not None else self.saved}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.saved = state.get("units")
+
+
+__all__ = ["AsyncOptions", "AsyncRollouts", "Hub", "RAY_HINT", "RolloutError", "RolloutPool", "RolloutWorker",
+           "import_ray", "ray_available"]

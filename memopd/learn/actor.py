@@ -1,0 +1,180 @@
+"""The rollout worker: runs episodes of the ``--agent`` policy with the current student on a pool of
+envs, through a backend made by :func:`agents.backends.factory.make_backend`, and checks that its
+records carry what the learner needs.
+
+Every training step has its own seeds (``seed * 1_000_003 + step * B + first question``), so a
+resumed run replays exactly what it would have done; held-out episode g has seed 10_000 + g.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from agents.records import ROLES, Episode
+from memopd import distributed
+from memopd.config import ConfigError
+
+SEED_STRIDE = 1_000_003
+"""Env seed of a step's first question: ``seed * SEED_STRIDE + step * questions_per_step``."""
+EVAL_SEED = 10_000
+"""Seed of held-out episode 0 (episode g: ``EVAL_SEED + g``)."""
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """What a plugin may limit in a rollout: the most model calls per episode (a depth budget; an
+    episode is cut there), and a monitor that sees every round of calls and returns the env slots
+    whose episodes stop after it (see :func:`agents.rollout.rollout`)."""
+
+    max_calls: int | None = None
+    monitor: Callable[..., set[int]] | None = None
+
+
+@dataclass
+class Rollout:
+    """A step's episodes (every rank's, in rank order), the actor's sampling seconds, and the
+    metrics of whatever produced them."""
+
+    episodes: list[Episode]
+    seconds: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def engine_options(cfg: Any) -> Any:
+    """The backend factory's engine options from the trainer's ``--vllm-*`` flags."""
+    from agents.backends.factory import EngineOptions
+
+    return EngineOptions(dtype=cfg.vllm_dtype, max_model_len=cfg.max_model_len,
+                         gpu_memory_utilization=cfg.gpu_memory_utilization,
+                         tensor_parallel_size=cfg.tensor_parallel_size, kv_cache_gib=cfg.kv_cache_gib,
+                         sleep_mode=cfg.vllm_sleep)
+
+
+class Actor:
+    """Samples the student's episodes for training (this rank's share of the questions) and for the
+    held-out evaluation (split over the ranks of ``world``)."""
+
+    def __init__(self, cfg: Any, model: Any, tokenizer: Any, world: distributed.World = distributed.SINGLE,
+                 envs: bool = True):
+        from agents.backends.factory import make_backend
+        from agents.backends.vllm import VLLMUnsupportedError
+
+        self.cfg, self.model, self.world = cfg, model, world
+        self.questions = distributed.question_share(cfg.questions_per_step, world)  # (first, count)
+        self.run_tag = f"-r{world.rank}" if world.enabled else ""  # tells the group ids of ranks apart
+        try:
+            self.backend = make_backend(cfg.backend, model=model, tokenizer=tokenizer, options=engine_options(cfg),
+                                        device=cfg.device, seed=cfg.seed)
+        except VLLMUnsupportedError as exc:
+            raise ConfigError(f"--backend vllm: {exc}") from None
+        self.train_envs = self._envs("train", cfg.questions_per_step * cfg.group_size, tokenizer) if envs else []
+        self.test_envs = self._envs("test", cfg.eval_episodes, tokenizer) if envs else []
+
+    def _envs(self, split: str, n: int, tokenizer: Any) -> list[Any]:
+        import gymnasium as gym
+
+        import memgym  # noqa: F401  (registers the envs)
+
+        try:
+            return [gym.make(self.cfg.env, split=split, **{**self.cfg.env_kwargs, "tokenizer": tokenizer})
+                    for _ in range(min(self.cfg.rollout_envs, n))]
+        except (TypeError, ValueError, KeyError) as exc:  # env options are user input
+            raise ConfigError(f"--env-kwarg: {self.cfg.env} refused {self.cfg.env_kwargs}: {exc}") from None
+
+    def agent(self, greedy: bool = False, seed: int | None = None) -> Any:
+        """The ``--agent`` by the constructor convention: this actor's backend, the run's sampling,
+        and the ``--agent-kwarg`` options."""
+        from agents.backends.base import SamplingParams
+        from agents.registry import AgentSpecError, build_agent
+
+        sp = SamplingParams(temperature=self.cfg.temperature, max_new_tokens=self.cfg.max_new_tokens,
+                            greedy=greedy, seed=seed)
+        try:
+            return build_agent(self.cfg.agent, {"backend": self.backend, "sampling": sp}, options=self.cfg.agent_kwargs)
+        except AgentSpecError as exc:
+            raise ConfigError(f"--agent {exc}") from None
+
+    def check(self, episodes: Sequence[Episode]) -> None:
+        """The learner's contract on the agent's records (:func:`memopd.contexts.check_contract`) for
+        this run's reward, teacher context and mask: a bad agent fails at its first rollout (the
+        held-out evaluation before training), before any update, with its name."""
+        from memopd.contexts import ContractError, check_contract
+
+        cfg = self.cfg
+        roles = None if cfg.opd_coef == 0 else ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,)
+        try:
+            check_contract(episodes, cfg.teacher_context if roles is not None else "aligned", teacher_roles=roles,
+                           reward=None if cfg.reward == "none" else cfg.reward)
+        except ContractError as exc:
+            raise ContractError(f"--agent {cfg.agent}: {exc}") from None
+
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Sample these weights (a state dict of the student) as policy ``version`` from now on."""
+        self.model.load_state_dict(state)
+        self.backend.policy_version = version
+
+    def sample(self, base_seed: int, count: int, run_id: str, limits: RolloutLimits = RolloutLimits(),
+               version: int | None = None) -> list[Episode]:
+        """``count`` questions x G samples from env seed ``base_seed`` on, checked; an engine gets the
+        student's current weights first and may sleep after."""
+        from agents.rollout import rollout
+
+        if version is not None:
+            self.backend.policy_version = version
+        self.backend.reseed(base_seed)
+        self._sync()
+        try:
+            episodes = rollout(self.train_envs, self.agent(), count * self.cfg.group_size,
+                               group_size=self.cfg.group_size, seed=base_seed, progress=False, run_id=run_id,
+                               max_calls=limits.max_calls, monitor=limits.monitor)
+        finally:
+            self.backend.sleep()
+        self.check(episodes)
+        return episodes
+
+    def rollout(self, step: int, limits: RolloutLimits = RolloutLimits()) -> Rollout:
+        """This rank's share of step ``step``'s questions (every rank's, gathered, under torchrun).
+        Steps -S..-1 are the batches a simulated stale queue starts with, by the initial policy."""
+        first, count = self.questions
+        seed_step = step if step >= 0 else 1_000_000 + step
+        base = self.cfg.seed * SEED_STRIDE + seed_step * self.cfg.questions_per_step + first
+        t0 = time.perf_counter()
+        mine = self.sample(base, count, f"step{step}{self.run_tag}", limits, version=max(step, 0))
+        return Rollout(distributed.gather_episodes(mine, self.world), seconds=time.perf_counter() - t0)
+
+    def heldout_episodes(self) -> list[Episode]:
+        """This rank's share of the held-out evaluation: greedy episodes on the test split (test
+        episode g has seed 10_000 + g), checked against the learner's contract."""
+        from agents.rollout import rollout
+
+        first, count = distributed.question_share(self.cfg.eval_episodes, self.world)
+        self._sync()
+        try:
+            eps = rollout(self.test_envs, self.agent(True, 0), count, seed=EVAL_SEED + first,
+                          progress=self.cfg.progress, run_id="eval")
+        finally:
+            self.backend.sleep()
+        self.check(eps)
+        return eps
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out EM, F1, sub-EM and generated tokens per episode, over every rank's share."""
+        from memgym.scoring import aggregate
+
+        eps = self.heldout_episodes()
+        mine = [{**e.metrics, "gen_tokens": sum(len(i.response_ids) for i in e.invocations)} for e in eps]
+        agg = aggregate([m for part in distributed.gather_objects(mine, self.world) for m in part])
+        return {k: float(agg.get(k, 0.0)) for k in ("em", "f1", "sub_em", "gen_tokens")}
+
+    def _sync(self) -> None:
+        """An engine samples the student's current weights: woken if asleep, then the weights are
+        copied in, in memory. Pushing before every rollout rather than after every optimizer step
+        costs one copy per step and leaves no path (resume, evaluation) with stale weights. The hf
+        backend shares the student's module: nothing to do."""
+        self.backend.wake_up()
+        self.backend.load_weights(self.model)
+
+
+__all__ = ["EVAL_SEED", "SEED_STRIDE", "Actor", "Rollout", "RolloutLimits", "engine_options"]

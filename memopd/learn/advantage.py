@@ -1,0 +1,111 @@
+"""Rewards, the trajectory weights of the PPO terms, and advantages (group-relative or GAE).
+
+- A trajectory's reward is its ``--reward`` metric (0 for ``--reward none``, OPD only); a
+  ``--ref-beta`` penalty ``beta * [logp_old - logp_ref]_+`` per token is taken off it.
+- Each trajectory weighs 1 in all, split equally over its invocations and, within one, over its
+  tokens: the number of calls is not a hidden weight.
+- An episode cut before its answer (a rollout-depth budget, a drift stop: ``Episode.cut``) has
+  no reward: its tokens get no PPO, entropy or value terms, and it is a group of its own.
+- ``grpo``: the episode's reward minus its group's mean, over the group's std
+  (:func:`memopd.losses.group_advantages`), on every token of the episode; ``gae``: GAE over the
+  trajectory's action tokens in call order with a critic, the reward on the last token, then
+  standardised over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from agents.records import ROLES, Episode
+from memopd import distributed, losses
+from memopd.packing import PackedBatch
+from memopd.scoring import action_states, token_logprobs
+
+
+@dataclass
+class Advantages:
+    """[N] per-token advantages and trajectory weights of a packed batch; with GAE also the critic's
+    values and the returns it regresses on."""
+
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+
+def episode_rewards(episodes: Sequence[Episode], kind: str) -> torch.Tensor:
+    """[E] each episode's ``kind`` metric (its reward if it has none); zeros for ``none``."""
+    if kind == "none":
+        return torch.zeros(len(episodes))
+    return torch.tensor([float(e.metrics.get(kind, e.reward)) for e in episodes], dtype=torch.float32)
+
+
+def trajectory_weights(batch: PackedBatch, episodes: Sequence[Episode]) -> torch.Tensor:
+    """[N] per-token weights: each trajectory weighs 1 in all, split equally over its invocations
+    and within an invocation equally over its tokens."""
+    e, i = batch.token_map[:, 0].tolist(), batch.token_map[:, 1].tolist()
+    w = [1.0 / (len(episodes[ei].invocations) * len(episodes[ei].invocations[ii].response_ids))
+         for ei, ii in zip(e, i)]
+    return torch.tensor(w, dtype=torch.float32)
+
+
+def gae_token_advantages(batch: PackedBatch, rewards: torch.Tensor, values: torch.Tensor,
+                         penalty: torch.Tensor | None, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over each trajectory's action tokens in call order; the reward lands on the last token."""
+    adv = torch.zeros_like(values)
+    ret = torch.zeros_like(values)
+    ep = batch.token_map[:, 0]
+    for e in ep.unique().tolist():
+        idx = (ep == e).nonzero()[:, 0]  # canonical order: invocation, then token
+        r = torch.zeros(len(idx))
+        r[-1] = rewards[e]
+        if penalty is not None:
+            r = r + penalty[idx]
+        a, g = losses.gae(r, values[idx], gamma, lam)
+        adv[idx], ret[idx] = a, g
+    return adv, ret
+
+
+def role_masks(batch: PackedBatch, episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
+    """[N] bool per role (memory, answer): which action tokens belong to that kind of call."""
+    roles = [episodes[e].invocations[i].role for e, i in batch.token_map[:, :2].tolist()]
+    return {r: torch.tensor([x == r for x in roles], dtype=torch.bool) for r in ROLES}
+
+
+def compute_advantages(cfg: Any, batch: PackedBatch, episodes: Sequence[Episode], own: Sequence[int],
+                       world: distributed.World, ref: torch.nn.Module | None = None,
+                       critic: Any = None) -> Advantages:
+    """Advantages of this rank's packed share (``own`` indexes ``episodes``, the whole step's, which
+    group-relative baselines need)."""
+    local = [episodes[i] for i in own]
+    all_rewards = episode_rewards(episodes, cfg.reward)
+    rewards = all_rewards[own]
+    weights = trajectory_weights(batch, local)
+    cut = [e.cut is not None for e in episodes]
+    if any(cut):
+        weights = weights.masked_fill(torch.tensor([cut[own[e]] for e in batch.token_map[:, 0].tolist()],
+                                                   dtype=torch.bool), 0.0)
+    penalty = None
+    if ref is not None and cfg.ref_beta > 0:
+        with torch.no_grad():
+            ref_lp, _, _ = token_logprobs(action_states(ref, batch, lowering=cfg.attn), batch.action_ids)
+        penalty = losses.penalised_rewards(rewards, batch.old_logprobs, ref_lp, cfg.ref_beta)
+    if cfg.advantage == "gae":
+        with torch.no_grad():
+            values = critic(batch, cfg.attn)
+        adv, returns = gae_token_advantages(batch, rewards, values, penalty, cfg.gamma, cfg.lam)
+        return Advantages(distributed.standardise(adv, world), weights, values, returns)
+    if penalty is not None:  # spread the trajectory's mean penalty onto its reward
+        pen_ep = torch.zeros(len(local)).index_add_(0, batch.token_map[:, 0], penalty * weights)
+        all_rewards = all_rewards + distributed.all_sum_tensor(
+            torch.zeros(len(episodes)).index_copy_(0, torch.tensor(own), pen_ep), world)
+    groups = [f"cut:{e.episode_id}" if c else e.group_id or e.episode_id for e, c in zip(episodes, cut)]
+    ep_adv = losses.group_advantages(all_rewards, groups)
+    return Advantages(ep_adv[own][batch.token_map[:, 0]], weights)
+
+
+__all__ = ["Advantages", "compute_advantages", "episode_rewards", "gae_token_advantages", "role_masks",
+           "trajectory_weights"]

@@ -1,0 +1,109 @@
+"""The run's models: the student's defaults (learning rate, divergence), its warm start, the auto
+teacher (an SFT teacher built and cached on first use) and the critic of GAE."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memopd.packing import PackedBatch
+
+TINY_LR = 2e-3
+"""Default learning rate of a tiny-preset student: it must learn to copy within the default run."""
+MODEL_LR = 1e-6
+"""Default learning rate of any other (pretrained) student."""
+
+# The auto teacher: sized so that building it fits the embedded default's 15-minute budget on 2 CPU cores.
+TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "batch_episodes": 32, "lr": 3e-3}
+
+
+def default_teacher_dir(cfg: Any) -> Path:
+    """Cache location of the auto teacher, keyed by everything that shapes it."""
+    from agents.models import cache_dir
+    from agents.presets import PRESET_FORMAT
+
+    from memgym.registry import get_task
+
+    # the task folder's files too: an edited custom task must not reuse a teacher of its old version
+    task = get_task(cfg.env).fingerprint()
+    key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, "task": task, "preset_format": PRESET_FORMAT,
+                      **TEACHER_SFT}, sort_keys=True)
+    return cache_dir() / "teachers" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def ensure_teacher(cfg: Any, log=print) -> str:
+    """Resolve ``--teacher auto``: fine-tune the tiny-teacher preset on oracle trajectories once."""
+    if cfg.teacher != "auto":
+        return cfg.teacher
+    out = default_teacher_dir(cfg)
+    if (out / "config.json").is_file():
+        log(f"teacher: cached SFT teacher {out}")
+        return str(out)
+    from memopd.sft import SFTConfig, run as run_sft
+
+    log(f"teacher: none cached for {cfg.env}; building it now: SFT of {TEACHER_SFT['model']} on "
+        f"{TEACHER_SFT['num_episodes']} oracle trajectories, {TEACHER_SFT['steps']} steps (cached at {out})")
+    sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=cfg.seed + 1,
+                        threads=cfg.threads, **TEACHER_SFT)
+    run_sft(sft_cfg, progress=cfg.progress)
+    return str(out)
+
+
+def warm_start_student(model: torch.nn.Module, tokenizer: Any, cfg: Any, log=print) -> None:
+    """A short SFT on oracle trajectories so a from-scratch tiny student knows the output format."""
+    from memopd.sft import SFTConfig, oracle_episodes, train_sft
+
+    log(f"student: warm start, {cfg.student_warmup_steps} SFT steps on oracle trajectories")
+    eps = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, 1000, seed=cfg.seed + 2, progress=False)
+    sft_cfg = SFTConfig(steps=cfg.student_warmup_steps, batch_episodes=32, lr=3e-3, warmup_steps=10,
+                        seed=cfg.seed + 2)
+    train_sft(model, eps, sft_cfg, pad_token_id=pad_id(tokenizer), progress=cfg.progress)
+
+
+def resolve_defaults(cfg: Any) -> Any:
+    """Fill the defaults that depend on the student: ``--lr`` and ``--opd-divergence auto``.
+
+    A tiny preset learns from scratch: it needs a high learning rate, and the forward KL. Until it
+    can tell which fact the question asks for, the reverse KL's best answer is the geometric mean of
+    the teachers of the contexts it cannot tell apart (near uniform over names), and on LongQA it
+    stayed on its copy plateau where the forward KL, like SFT on the teacher, crossed it (measured;
+    see README). A pretrained student gets MemOPD's reverse KL and a small learning rate."""
+    from agents.presets import TINY_PRESETS
+
+    tiny = cfg.model in TINY_PRESETS
+    lr = cfg.lr if cfg.lr is not None else (TINY_LR if tiny else MODEL_LR)
+    div = cfg.opd_divergence if cfg.opd_divergence != "auto" else ("fkl" if tiny else "rkl")
+    return dataclasses.replace(cfg, lr=lr, opd_divergence=div)
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id packed rows are padded with (0 when the tokenizer has no pad token)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+class Critic(torch.nn.Module):
+    """Value model for GAE: a copy of the student's decoder with a scalar head, read at the same
+    gather positions as the action logits (the state before each sampled token)."""
+
+    def __init__(self, student: torch.nn.Module):
+        super().__init__()
+        self.lm = copy.deepcopy(student)
+        hidden = self.lm.get_output_embeddings().weight.shape[1]
+        self.v_head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.v_head.weight)
+        torch.nn.init.zeros_(self.v_head.bias)
+
+    def forward(self, batch: PackedBatch, lowering: str | None = None) -> torch.Tensor:
+        from memopd.attention import packed_hidden_states
+
+        return self.v_head(packed_hidden_states(self.lm, batch, lowering))[:, 0]  # [N]
+
+
+__all__ = ["MODEL_LR", "TEACHER_SFT", "TINY_LR", "Critic", "default_teacher_dir", "ensure_teacher", "pad_id",
+           "resolve_defaults", "warm_start_student"]

@@ -1,0 +1,57 @@
+"""The trainer's own state between steps, as a checkpoint keeps it (besides the models, optimizers,
+scheduler and RNG): a typed record instead of a grab-bag, read back from either layout.
+
+A checkpoint's trainer state holds ``{"train_state": TrainState.to_dict(), ...}``. Checkpoints
+written before the learner was split into components held the same facts as ``bad_steps``, a
+``history`` dict (the evaluations, ``train_clock``, TurnOPD's ``depth``), ``rows``,
+``stale_queue`` and ``async``; :meth:`TrainState.from_checkpoint` reads them into this record, so
+such a run directory resumes as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+_LEGACY_PLUGIN_STATE = {  # where each built-in plugin's state sat in the older layout
+    "turn_opd": lambda s: {"depth": s.get("history", {}).get("depth")},
+    "staleness": lambda s: {"queue": s.get("stale_queue", [])},
+    "async": lambda s: {"units": s.get("async")},
+}
+
+
+@dataclass
+class TrainState:
+    """Where a run is: its step, the non-finite steps in a row, the steps' cumulative clock
+    (``--budget-clock``), the held-out evaluations (teacher, before, after and the step of the
+    last one), the metrics rows logged at this step (saved with its checkpoint, so a resume
+    neither loses nor duplicates one), and every plugin's state by name."""
+
+    step: int = 0
+    bad_steps: int = 0
+    train_clock: float = 0.0
+    eval_teacher: dict[str, float] | None = None
+    eval_before: dict[str, float] | None = None
+    eval_after: dict[str, float] | None = None
+    eval_after_step: int | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any]) -> TrainState:
+        """The record in a loaded checkpoint's trainer state (``step`` from the checkpoint itself)."""
+        if "train_state" in state:
+            names = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in state["train_state"].items() if k in names}, )
+        history = state.get("history", {})
+        return cls(step=state["step"], bad_steps=state.get("bad_steps", 0),
+                   train_clock=history.get("train_clock", 0.0), eval_teacher=history.get("eval_teacher"),
+                   eval_before=history.get("eval_before"), eval_after=history.get("eval_after"),
+                   eval_after_step=history.get("eval_after_step"), rows=list(state.get("rows", [])),
+                   plugins={name: read(state) for name, read in _LEGACY_PLUGIN_STATE.items()})
+
+
+__all__ = ["TrainState"]

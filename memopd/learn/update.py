@@ -1,0 +1,213 @@
+"""The PPO + OPD update of one step: ``--ppo-epochs`` passes over minibatches of packed rows.
+
+For each minibatch (an optimizer step)::
+
+    L_actor = L_PPO - alpha * H + lambda * L_OPD        (memopd.losses.actor_loss)
+
+``L_PPO`` is the clipped surrogate with the trajectory weights (masked mean), ``H`` the entropy
+with the same weights, ``L_OPD`` the masked mean of the full-vocabulary divergence to the teacher
+with the distillation weights; with GAE a critic regresses on the returns (``--vf-coef``).
+
+Under torchrun the loss is global: each rank's masked means are rescaled from its own normalisers
+(trajectory weights, teacher tokens) to the sums over all ranks, and its loss is multiplied by the
+world size because data-parallel gradients are averaged; one process rescales by exactly 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from agents.records import ROLES
+from memopd import distributed, losses
+from memopd.learn.advantage import Advantages
+from memopd.learn.plugin import LossWeights
+from memopd.packing import PackedBatch
+from memopd.scoring import ActionStates, token_logprobs
+
+
+@dataclass
+class UpdateInputs:
+    """What the epochs read besides the weights: the minibatches, the teacher's states (and its
+    kept log-distribution), the student's log-probs before the update where a pass computed them,
+    and PPO's old log-probs with their importance weights."""
+
+    batch: PackedBatch
+    minibatches: list[PackedBatch]
+    teacher_states: ActionStates | None
+    teacher_logp: torch.Tensor | None
+    trainer_logp: torch.Tensor | None
+    old_logp: torch.Tensor
+    is_weights: torch.Tensor | None
+
+
+class PPOUpdate:
+    """The optimizer side of the student (and critic): owns their optimizers and the schedule."""
+
+    def __init__(self, cfg: Any, world: distributed.World, student: torch.nn.Module,
+                 student_states: Callable[[PackedBatch], ActionStates], opt: torch.optim.Optimizer,
+                 sched: Any, critic: Any = None, critic_fwd: Any = None, critic_opt: Any = None):
+        self.cfg, self.world, self.student, self.student_states = cfg, world, student, student_states
+        self.opt, self.sched = opt, sched
+        self.critic, self.critic_fwd, self.critic_opt = critic, critic_fwd, critic_opt
+
+    # -- before the epochs ----------------------------------------------------------------------
+    def prepare(self, batch: PackedBatch, teacher_states: ActionStates | None,
+                need_trainer_logp: bool = False) -> UpdateInputs:
+        """Minibatches, the teacher's kept distribution, and the student's log-probs before the
+        update: in a pass of their own when PPO needs them as its old log-probs, when minibatches
+        would update between them, or when a plugin reads them; else from epoch 0."""
+        cfg = self.cfg
+        minibatches = distributed.row_groups(batch, cfg.minibatches, self.world)
+        trainer_logp = self.trainer_logprobs(minibatches, batch.num_actions) \
+            if cfg.old_logprobs == "recompute" or len(minibatches) > 1 or need_trainer_logp else None
+        old_logp, is_w = self.old_logprobs(batch, trainer_logp)
+        return UpdateInputs(batch, minibatches, teacher_states, teacher_logprobs(teacher_states, cfg),
+                            trainer_logp, old_logp, is_w)
+
+    @torch.no_grad()
+    def trainer_logprobs(self, minibatches: Sequence[PackedBatch], num_actions: int) -> torch.Tensor:
+        """[N] log-probs of the sampled tokens under the trainer's own forward of the current
+        weights (eval mode), in the batch's action order."""
+        self.student.eval()
+        out = torch.zeros(num_actions)
+        for mb in minibatches:
+            lp, _, _ = token_logprobs(self.student_states(mb), mb.action_ids, chunk_size=self.cfg.kl_chunk)
+            out[mb.action_uid] = lp.float().cpu()
+        return out
+
+    def old_logprobs(self, batch: PackedBatch, trainer_logp: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """PPO's old log-probs and the per-token importance weights (None: no correction).
+        ``recorded``: the rollout engine's, and the ratio itself absorbs the engine/trainer gap.
+        ``recompute``: the trainer's, with the truncated weight pi_trainer / pi_rollout."""
+        if self.cfg.old_logprobs == "recorded":
+            return batch.old_logprobs, None
+        is_w = losses.truncated_is_weights(trainer_logp, batch.old_logprobs, self.cfg.tis_cap) \
+            if self.cfg.tis_cap > 0 else None
+        return trainer_logp, is_w
+
+    # -- the epochs -----------------------------------------------------------------------------
+    def run(self, inp: UpdateInputs, adv: Advantages, weights: LossWeights,
+            roles: dict[str, torch.Tensor]) -> tuple[dict[str, float], torch.Tensor]:
+        """The PPO epochs. Returns the stats and the per-token divergence to the teacher of the
+        first epoch ([N], NaN where the teacher does not supervise)."""
+        cfg, batch = self.cfg, inp.batch
+        token_kl = torch.full((batch.num_actions,), float("nan"))
+        sums: dict[str, list[float]] = {}
+        kl_parts: dict[str, list[tuple[float, float]]] = {f"kl/{r}": [] for r in ("all", *ROLES)}
+        skipped = 0
+        trainer_logp = inp.trainer_logp
+        self.student.train()
+        for epoch in range(cfg.ppo_epochs):
+            for mb in inp.minibatches:
+                stats, div, logp = self._minibatch(mb, inp, adv, weights)
+                if trainer_logp is None:  # one minibatch: epoch 0 is the forward before any update
+                    trainer_logp = torch.zeros(batch.num_actions)
+                    trainer_logp[mb.action_uid] = logp.detach().float().cpu()
+                if div is not None:
+                    with torch.no_grad():
+                        if epoch == 0:  # as the student sampled them (before any update, with one minibatch)
+                            token_kl[mb.action_uid] = torch.where(mb.teacher, div.detach().float(), float("nan"))
+                        kl_parts["kl/all"].append(_sum_count(div.detach()[mb.teacher]))
+                        for r in ROLES:
+                            kl_parts[f"kl/{r}"].append(_sum_count(div.detach()[roles[r][mb.action_uid] & mb.teacher]))
+                if stats is None:
+                    skipped += 1
+                    continue
+                for k, v in stats.items():
+                    sums.setdefault(k, []).append(v)
+        if sums:  # at least one optimizer step happened
+            self.sched.step()
+        self.student.eval()
+        out = {k: _mean(v) for k, v in sums.items()}
+        out.update(distributed.weighted_stats(kl_parts, self.world))
+        out["skipped_minibatches"] = skipped
+        if skipped and not sums:
+            out["loss"] = float("nan")
+        if trainer_logp is not None:
+            out.update(self.mismatch(trainer_logp, batch.old_logprobs, inp.is_weights))
+        return out, token_kl
+
+    def _minibatch(self, mb: PackedBatch, inp: UpdateInputs, adv: Advantages, weights: LossWeights
+                   ) -> tuple[dict[str, float] | None, torch.Tensor | None, torch.Tensor]:
+        """One optimizer step on a minibatch; its stats (each rank's part of the global value), or
+        None when a non-finite loss or gradient skipped it; its divergence and log-probs."""
+        cfg, world = self.cfg, self.world
+        uid = mb.action_uid
+        w, tmask = weights.ppo[uid], weights.opd[uid]
+        w_scale, t_scale = distributed.global_scales([float(w.sum()), float(tmask.sum())], world)
+        t = inp.teacher_states.select(uid) if inp.teacher_states is not None and inp.teacher_logp is None else None
+        logp, ent, div = losses.student_terms(
+            self.student_states(mb), mb.action_ids, t, cfg.opd_divergence, cfg.kl_chunk,
+            inp.teacher_logp[uid] if inp.teacher_logp is not None else None)
+        if cfg.reward != "none":
+            pg, pg_stats = losses.ppo_policy_loss(logp, inp.old_logp[uid], adv.advantages[uid], w, cfg.clip_eps,
+                                                  None if inp.is_weights is None else inp.is_weights[uid])
+        else:
+            pg, pg_stats = logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}
+        pg = pg * w_scale
+        entropy = losses.masked_mean(ent, w) * w_scale
+        opd = losses.masked_mean(div, tmask) * t_scale if div is not None else logp.sum() * 0.0
+        loss = losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef)
+        vloss = None
+        if self.critic is not None:
+            v = self.critic_fwd(mb, cfg.attn)
+            vloss = losses.value_loss(v, adv.values[uid], adv.returns[uid], w) * w_scale
+        self.opt.zero_grad(set_to_none=True)
+        if distributed.any_rank(not torch.isfinite(loss) or (vloss is not None and not torch.isfinite(vloss)), world):
+            return None, div, logp
+        (loss * world.size).backward()  # data-parallel gradients are averaged over ranks
+        gnorm = distributed.clip_gradients(self.student.parameters(), cfg.max_grad_norm, world)
+        if not torch.isfinite(gnorm):
+            self.opt.zero_grad(set_to_none=True)
+            return None, div, logp
+        self.opt.step()
+        if vloss is not None:
+            self.critic_opt.zero_grad(set_to_none=True)
+            (cfg.vf_coef * vloss * world.size).backward()
+            distributed.clip_gradients(self.critic.parameters(), cfg.max_grad_norm, world)
+            self.critic_opt.step()
+        stats = {"loss": loss.item(), "pg_loss": pg.item(), "opd_loss": opd.item(), "entropy": entropy.item(),
+                 "clip_frac": pg_stats["clip_frac"] * w_scale, "approx_kl": pg_stats["approx_kl"] * w_scale,
+                 **({"value_loss": vloss.item()} if vloss is not None else {})}
+        totals = distributed.all_sum(list(stats.values()), world)
+        return {**dict(zip(stats, totals)), "grad_norm": float(gnorm)}, div, logp
+
+    def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor,
+                 is_w: torch.Tensor | None) -> dict[str, float]:
+        """Rollout/trainer mismatch of the step: mean and max |log p_trainer - log p_rollout| over
+        the sampled tokens (every rank's), and the importance weights' mean and capped share."""
+        d = (trainer_logp - rollout_logp.float()).abs()
+        n, total = distributed.all_sum([len(d), float(d.double().sum())], self.world)
+        (worst,) = distributed.all_max([float(d.max()) if len(d) else 0.0], self.world)
+        out = {"mismatch/mean_abs_logp": total / max(1, n), "mismatch/max_abs_logp": worst}
+        if is_w is not None:
+            capped = float((is_w >= self.cfg.tis_cap).sum())
+            w_sum, c_sum = distributed.all_sum([float(is_w.double().sum()), capped], self.world)
+            out.update({"mismatch/is_weight_mean": w_sum / max(1, n), "mismatch/is_capped_frac": c_sum / max(1, n)})
+        return out
+
+
+def teacher_logprobs(teacher_states: ActionStates | None, cfg: Any) -> torch.Tensor | None:
+    """The teacher's [N, V] log-distribution of the step, computed once for every PPO epoch when
+    it fits ``--teacher-cache-mb`` (else None: each epoch projects the teacher's states again)."""
+    if teacher_states is None or cfg.ppo_epochs == 1:
+        return None
+    vocab = teacher_states.vocab_size or next(teacher_states.head.lm_head.parameters()).shape[0]
+    if len(teacher_states) * vocab * 4 > cfg.teacher_cache_mb * 2**20:
+        return None
+    return losses.teacher_logprobs(teacher_states, cfg.kl_chunk)
+
+
+def _sum_count(x: torch.Tensor) -> tuple[float, float]:
+    return float(x.double().sum()), float(x.numel())
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else float("nan")
+
+
+__all__ = ["PPOUpdate", "UpdateInputs", "teacher_logprobs"]

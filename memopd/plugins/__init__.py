@@ -1,0 +1,25 @@
+"""The built-in training methods, each a :class:`memopd.learn.plugin.Plugin` behind the one step.
+
+In the order they are applied (their loss weights multiply in this order; the first one's
+rollout wrapper is the outermost):
+
+- :mod:`~memopd.plugins.turn_opd` (TurnOPD: turn-level loss budgeting, adaptive rollout depth);
+- :mod:`~memopd.plugins.freshness` (f-OPD: freshness of stale samples);
+- :mod:`~memopd.plugins.prune_opd` (Prune-OPD: drift detection, down-weighting, rollout stops);
+- :mod:`~memopd.plugins.staleness` (simulated staleness: train on the batch of S steps before);
+- :mod:`~memopd.plugins.async_ray` (asynchronous rollout workers on Ray).
+
+Each switches itself on from its own options (``Plugin.enabled``).
+"""
+
+from __future__ import annotations
+
+from memopd.plugins.async_ray import AsyncRollouts
+from memopd.plugins.freshness import Freshness
+from memopd.plugins.prune_opd import PruneOPD
+from memopd.plugins.staleness import SimulatedStaleness
+from memopd.plugins.turn_opd import TurnOPD
+
+BUILTIN_PLUGINS = (TurnOPD, Freshness, PruneOPD, SimulatedStaleness, AsyncRollouts)
+
+__all__ = ["BUILTIN_PLUGINS", "AsyncRollouts", "Freshness", "PruneOPD", "SimulatedStaleness", "TurnOPD"]

@@ -1,0 +1,64 @@
+"""What a trainer does to the process and its models before and while it runs: torch threads,
+the compute dtype of every pass, the memory options of a model, the learning-rate schedule.
+
+The options themselves are declared (and validated) in :mod:`memopd.config`; this module acts on
+them, so the config module stays free of torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from memopd.config import COMPUTE_DTYPES, LR_SCHEDULES, ConfigError, TrainingOptions
+
+
+def set_threads(threads: int | None) -> None:
+    """Apply ``--threads`` (None or 0: torch's default)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def prepare_model(model: Any, options: TrainingOptions) -> Any:
+    """Apply the memory options of ``options`` to a model about to be trained; returns it."""
+    if options.gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ConfigError(f"--gradient-checkpointing: {type(model).__name__} does not support it")
+        from memopd.attention import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
+    return model
+
+
+def compute_dtype(dtype: str, device: str) -> Any:
+    """The context every forward and backward pass of a trainer runs in: nothing for float32,
+    ``torch.autocast(device, bfloat16)`` for bfloat16 (weights and optimizer state stay fp32)."""
+    import contextlib
+
+    import torch
+
+    if dtype not in COMPUTE_DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {list(COMPUTE_DTYPES)}")
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+def lr_lambda(schedule: str, warmup: int, total: int, floor: float = 0.0) -> Callable[[int], float]:
+    """The learning-rate multiplier of every trainer: linear warm-up over ``warmup`` steps, then
+    ``schedule`` (constant, or cosine / linear decay to ``floor`` x the peak at step ``total``)."""
+    if schedule not in LR_SCHEDULES:
+        raise ConfigError(f"unknown lr schedule {schedule!r}; choose one of {list(LR_SCHEDULES)}")
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
+        if schedule == "linear":
+            return floor + (1.0 - floor) * (1.0 - frac)
+        return 1.0
+    return f
