@@ -206,3 +206,23 @@ def test_a_full_disk_names_the_output_file(tmp_path, capsys, monkeypatch, file):
     assert err == (f"error: --out {out}: {out / file}: No space left on device; free some disk space or choose "
                    "another output directory\n")
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- resume: latest names a missing checkpoint
+def test_resume_says_when_latest_names_a_missing_checkpoint(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, {"model": model}, {"x": step}, keep=2)
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text() == "step-000002"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an intact run resumes without a word
+        assert checkpoint.load_latest(tmp_path, {"model": torch.nn.Linear(2, 2)})[1].name == "step-000002"
+    (root / "latest").write_text("step-000003")  # e.g. a checkpoint deleted by hand, or restored without it
+    with pytest.warns(RuntimeWarning) as record:
+        state, path = checkpoint.load_latest(tmp_path, {"model": torch.nn.Linear(2, 2)})
+    assert path.name == "step-000002" and state["x"] == 2
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert f"{root / 'latest'} names checkpoint step-000003, which is missing" in message
+    assert "resuming from step-000002" in message
