@@ -226,3 +226,22 @@ def test_resume_says_when_latest_names_a_missing_checkpoint(tmp_path):
     message = str(record[0].message)
     assert f"{root / 'latest'} names checkpoint step-000003, which is missing" in message
     assert "resuming from step-000002" in message
+
+
+# ---------------------------------------------------------------- gymnasium's passive checker
+def test_after_a_failed_first_reset_the_documented_workarounds_work():
+    """gymnasium's PassiveEnvChecker breaks an env whose first reset raised (README, Environment
+    kwargs): a later failed reset is harmless, and ``disable_env_checker=True`` avoids it."""
+    env = gym.make("memgym/LongQA-v0", num_chunks=2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="reset option index"):
+        env.reset(options={"index": -1})
+    env.reset(seed=1)
+    assert env.step("x")[4]["chunk_index"] == 1
+    env = gym.make("memgym/LongQA-v0", num_chunks=2, disable_env_checker=True)
+    with pytest.raises(ValueError, match="reset option index"):
+        env.reset(options={"index": -1})
+    env.reset(seed=1)
+    assert env.step("x")[4]["chunk_index"] == 1
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "disable_env_checker=True" in " ".join(readme.split())
