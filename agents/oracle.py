@@ -25,6 +25,11 @@ from agents.records import Invocation
 SampleLookup = Callable[[str, str], Any]
 
 
+class OracleDataError(ValueError):
+    """A sample the oracle cannot script: it has no supporting-fact sentences. The message names
+    the sample and, when known, the file it came from."""
+
+
 class OracleAgent(MemAgent):
     """Scripted from supporting facts; records in the MemAgent format.
 
@@ -47,6 +52,8 @@ class OracleAgent(MemAgent):
             tokenizer = default_tokenizer()
         super().__init__(backend=None, tokenizer=tokenizer, template=template)
         self.lookup = _as_lookup(samples)
+        origin = getattr(samples, "path", None) or getattr(samples, "origin", None)
+        self.origin = str(origin) if origin is not None else ""
         eos = tokenizer.eos_token_id
         if eos is None:
             raise ValueError("OracleAgent needs a tokenizer with an EOS token (responses end with it)")
@@ -66,7 +73,7 @@ class OracleAgent(MemAgent):
         if state.prefix_ids is None:
             sample = self.lookup(str(info.get("task_id", "")), str(info["sample_id"]))
             state.prefix_ids = self.prompts.prefix(info["question"])
-            state.extra["facts"] = supporting_texts(sample)
+            state.extra["facts"] = supporting_texts(sample, self.origin)
             state.extra["answer"] = str(sample.answers[0])
             state.extra["kept"] = []
         phase = info.get("phase")
@@ -125,17 +132,22 @@ class OracleAgent(MemAgent):
         ))
 
 
-def supporting_texts(sample: Any) -> list[str]:
-    """The supporting-fact sentences of a sample (``{"text": ...}`` entries or plain strings)."""
+def supporting_texts(sample: Any, origin: str = "") -> list[str]:
+    """The supporting-fact sentences of a sample (``{"text": ...}`` entries or plain strings).
+
+    Raises :class:`OracleDataError` naming the sample (and ``origin``, its file) when it has none."""
+    where = f"sample {sample.id!r}" + (f" of {origin}" if origin else "")
     out = []
-    for i, fact in enumerate(sample.supporting_facts):
+    for i, fact in enumerate(getattr(sample, "supporting_facts", None) or ()):
         text = fact.get("text") if isinstance(fact, dict) else fact if isinstance(fact, str) else None
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"sample {sample.id!r}: supporting_facts[{i}] = {fact!r} has no sentence text; "
-                             "the oracle needs each supporting fact as a string or a {'text': ...} object")
+            raise OracleDataError(f"{where}: supporting_facts[{i}] = {fact!r:.80} has no sentence text, and the "
+                                  "oracle writes its memory from the sentences; give each supporting fact as a "
+                                  "string or a {\"text\": ...} object")
         out.append(text.strip())
     if not out:
-        raise ValueError(f"sample {sample.id!r} has no supporting_facts; the oracle cannot script its memory")
+        raise OracleDataError(f"{where} has no supporting_facts, and the oracle writes its memory from them; add "
+                              "\"supporting_facts\": [\"<sentence>\", ...] to the sample")
     return out
 
 

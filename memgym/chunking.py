@@ -124,10 +124,34 @@ def make_counter(tokenizer: Any = None) -> Counter:
     if tokenizer is None:
         return WordCounter()
     if isinstance(tokenizer, str):
-        from transformers import AutoTokenizer  # lazy: heavy import
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = _load_tokenizer(tokenizer)
     return TokenCounter(tokenizer)
+
+
+def _load_tokenizer(spec: str) -> Any:
+    """``AutoTokenizer.from_pretrained(spec)``; a failure is a ``ValueError`` naming the
+    ``tokenizer`` setting and what to give instead (a local path that does not exist is said so,
+    not sent to the hub as a malformed repo id)."""
+    import os
+
+    expanded = os.path.expanduser(spec)
+    looks_local = os.path.isabs(expanded) or spec.startswith((".", "~")) or os.path.exists(expanded)
+    if looks_local and not os.path.exists(expanded):
+        raise ValueError(f"tokenizer={spec!r}: no such directory; give a directory holding a saved tokenizer "
+                         "(tokenizer.json), a hub id such as 'gpt2', or leave tokenizer unset to count words")
+    files = ("tokenizer.json", "tokenizer_config.json")
+    if os.path.isdir(expanded) and not any(os.path.isfile(os.path.join(expanded, f)) for f in files):
+        raise ValueError(f"tokenizer={spec!r}: the directory holds no tokenizer files ({', '.join(files)}); give a "
+                         "directory a tokenizer was saved to (save_pretrained), or leave tokenizer unset to count words")
+    from transformers import AutoTokenizer  # lazy: heavy import
+
+    try:
+        return AutoTokenizer.from_pretrained(expanded if looks_local else spec)
+    except Exception as exc:  # noqa: BLE001 - transformers fails in many ways, each with a multi-line text
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        what = "a directory holding a saved tokenizer (tokenizer.json)" if looks_local else "a hub id such as 'gpt2'"
+        raise ValueError(f"tokenizer={spec!r}: could not load a tokenizer from it ({first[:200]}); give {what}, "
+                         "or leave tokenizer unset to count words") from None
 
 
 def document_header(index: int, title: str, continued: bool = False) -> str:

@@ -20,7 +20,8 @@ class ResetNeededError(MemgymError, RuntimeError):
 
 
 class TaskConfigError(MemgymError, ValueError):
-    """A task folder's ``task.toml`` is malformed; the message names the file and the key."""
+    """A task folder's ``task.toml`` is malformed, or the source it names cannot be imported or
+    called; the message names the file and the key."""
 
 
 class UnknownEnvError(MemgymError, NameNotFound):

@@ -145,13 +145,26 @@ class TaskSpec:
         """The ``make_source`` callable of a generated task."""
         assert self.source is not None
         target, _, attr = self.source.rpartition(":")
+        where = f"{self.config_path}: key 'source'"
         if target.endswith(".py"):
-            module = _load_file_module(str((self.folder / target).resolve()), f"{self.name}_v{self.version}")
+            file = (self.folder / target).resolve()
+            module = _load_file_module(str(file), f"{self.name}_v{self.version}", where)
         else:
-            module = importlib.import_module(target)
+            try:
+                module = importlib.import_module(target)
+            except ImportError as exc:
+                if exc.name is not None and (target == exc.name or target.startswith(exc.name + ".")):
+                    raise TaskConfigError(f"{where}: cannot import {target!r} for {self.source!r} (no module named "
+                                          f"{exc.name!r}); fix the module name, install the package that provides "
+                                          "it, or give a generator file in the task folder "
+                                          "('generator.py:make_source')") from None
+                raise TaskConfigError(f"{where}: importing module {target!r} failed: {_error_line(exc)}; fix the "
+                                      f"module or install what it needs") from None
+            except Exception as exc:  # noqa: BLE001 - the module is plugin code: any failure is reported
+                raise TaskConfigError(f"{where}: importing module {target!r} failed: {_error_line(exc)}") from None
         factory = getattr(module, attr, None)
         if not callable(factory):
-            raise TaskConfigError(f"{self.config_path}: key 'source': {target} has no callable {attr!r}")
+            raise TaskConfigError(f"{where}: {target} has no callable {attr!r}")
         return factory
 
     def check_split(self, split: Any) -> None:
@@ -173,11 +186,31 @@ class TaskSpec:
                                 f"options, got {sorted(kwargs)}")
             return self._data_source(split)
         factory = self.source_factory()
-        params = inspect.signature(factory).parameters
+        params = _parameters(factory)
         for name in SIZING_KWARGS:
             if name not in params:
                 kwargs.pop(name, None)
-        return factory(split, seed, **kwargs)
+        self._check_callable(factory, split, seed)
+        source = factory(split, seed, **kwargs)
+        if not all(hasattr(source, a) for a in ("__len__", "__getitem__", "index_of")):
+            raise TaskConfigError(f"{self.config_path}: key 'source': {self.source} returned "
+                                  f"{type(source).__name__} {source!r:.60}, not a sample source; make_source must "
+                                  "return a memgym.ListSource (or anything with __len__, __getitem__ and index_of)")
+        return source
+
+    def _check_callable(self, factory: Callable[..., Any], split: str, seed: int) -> None:
+        """A source that cannot be called as ``make_source(split, seed)`` is a wrong ``source`` key,
+        said so before the call fails inside it."""
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):
+            return  # no signature to read (some builtins): the call itself will tell
+        try:
+            signature.bind_partial(split, seed)
+        except TypeError as exc:
+            raise TaskConfigError(f"{self.config_path}: key 'source': {self.source} cannot be called as "
+                                  f"make_source(split, seed, **options) ({exc}); name a function with that "
+                                  "signature") from None
 
     def fingerprint(self) -> str:
         """A digest of the folder's files (names and contents; files over 16 MiB by size and
@@ -191,12 +224,20 @@ class TaskSpec:
 
     def accepts(self, name: str) -> bool:
         """Whether the task's source takes the sizing kwarg ``name``."""
-        return self.source is not None and name in inspect.signature(self.source_factory()).parameters
+        return self.source is not None and name in _parameters(self.source_factory())
 
     def _data_source(self, split: str) -> SampleSource:
         file = self.data[split] if split in self.data else self.data["*"]  # check_split ran
         path = (self.folder / file).resolve()
         return _load_jsonl(str(path), path.stat().st_mtime_ns if path.exists() else 0)
+
+
+def _parameters(factory: Callable[..., Any]) -> Any:
+    """The parameters of ``factory`` by name (none when it has no readable signature)."""
+    try:
+        return inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 @lru_cache(maxsize=64)
@@ -206,15 +247,42 @@ def _load_jsonl(path: str, mtime_ns: int) -> JsonlSource:
 
 
 @lru_cache(maxsize=None)
-def _load_file_module(path: str, name: str) -> Any:
+def _load_file_module(path: str, name: str, where: str = "") -> Any:
+    """Import a task's generator file; a failure is a :class:`TaskConfigError` naming the file
+    and the line that raised (``where`` names the task.toml key that points at it)."""
     module_name = f"memgym_tasks.{name}"
+    prefix = f"{where}: " if where else ""
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise TaskConfigError(f"cannot import generator file {path}")
+        raise TaskConfigError(f"{prefix}cannot import generator file {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - a generator file is plugin code: any failure is reported
+        sys.modules.pop(module_name, None)
+        raise TaskConfigError(f"{prefix}importing {path}{_line_in(exc, path)} failed: {_error_line(exc)}; fix "
+                              f"{os.path.basename(path)}") from None
     return module
+
+
+def _error_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception, on one line."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _line_in(exc: BaseException, path: str) -> str:
+    """``, line N`` of ``path`` where ``exc`` was raised (its innermost frame in that file)."""
+    if isinstance(exc, SyntaxError) and exc.filename == path and exc.lineno:
+        return f", line {exc.lineno}"
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == path:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f", line {line}" if line else ""
 
 
 def _expect(ok: bool, path: Path, key: str, msg: str) -> None:
@@ -230,6 +298,14 @@ def _expect_inside(file: str, path: Path, key: str) -> None:
     _expect(not parts or parts[0] != os.pardir, path, key,
             f"{file!r} climbs out of the task folder; move the file into the folder, or give an absolute "
             f"path (or an importable 'package.module:function') to use a file elsewhere on purpose")
+
+
+def _not_found(file: str, folder: Path) -> str:
+    """What to say of a ``source`` / ``data`` file that is not there."""
+    if os.path.isabs(file):
+        return (f"file {file!r} not found (an absolute path is used as given); fix the path, or put the file "
+                "in the task folder and give its name relative to the folder")
+    return f"file {file!r} not found in {folder}"
 
 
 def _load_splits(raw: dict[str, Any], path: Path, generated: bool) -> tuple[str, ...]:
@@ -276,7 +352,7 @@ def load_task(folder: str | Path) -> TaskSpec:
         file = source.split(":")[0]
         if file.endswith(".py"):
             _expect_inside(file, path, "source")
-            _expect((folder / file).is_file(), path, "source", f"file {file!r} not found in {folder}")
+            _expect((folder / file).is_file(), path, "source", _not_found(file, folder))
     source_kwargs = raw.get("source_kwargs", {})
     _expect(isinstance(source_kwargs, dict), path, "source_kwargs", "must be a table [source_kwargs]")
     data = raw.get("data")
@@ -294,7 +370,7 @@ def load_task(folder: str | Path) -> TaskSpec:
     for split, file in data_files.items():
         key = "data" if split == "*" else f"data.{split}"
         _expect_inside(file, path, key)
-        _expect((folder / file).is_file(), path, key, f"file {file!r} not found in {folder}")
+        _expect((folder / file).is_file(), path, key, _not_found(file, folder))
     splits = _load_splits(raw, path, source is not None)
     env = raw.get("env", {})
     _expect(isinstance(env, dict), path, "env", "must be a table [env]")

@@ -311,15 +311,30 @@ def load_latest(run_dir: str | Path, modules: dict[str, torch.nn.Module], sharde
                               "(start a new run without --resume)")
     clean_leftovers(run_dir)
     errors = []
+    named = _latest_name(run_dir)
+    missing = named is not None and named not in {p.name for p in candidates}
     for path in candidates:
         try:
             state = _load_one(path, modules, sharded, rank)
         except Exception as exc:  # corrupt safetensors/pickle raise many types
             errors.append(f"{path.name}: {exc}")
             continue
+        if missing:
+            warnings.warn(f"{Path(run_dir) / 'checkpoints' / 'latest'} names checkpoint {named}, which is missing "
+                          f"(deleted, or its files incomplete); resuming from {path.name}, the newest complete one",
+                          RuntimeWarning, stacklevel=2)
         if errors:
             warnings.warn(f"skipped damaged checkpoint(s), resuming from {path.name}: " + "; ".join(errors),
                           RuntimeWarning, stacklevel=2)
         return state, path
     raise CheckpointError(f"every checkpoint in {Path(run_dir) / 'checkpoints'} failed to load (start a new run, "
                           "or restore the checkpoints from a backup):\n  " + "\n  ".join(errors))
+
+
+def _latest_name(run_dir: str | Path) -> str | None:
+    """The checkpoint name ``checkpoints/latest`` gives (None when there is no readable one)."""
+    try:
+        name = (Path(run_dir) / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name or None

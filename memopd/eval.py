@@ -23,8 +23,10 @@ the tokenizer is loaded.
 
 Bad input (an unknown env, agent or model, an agent that cannot be imported or is not a
 MemoryPolicy, an option its constructor does not take, a missing model path, indices past the
-end of the split, an env option the env does not take, an output directory that cannot be written) prints
-``error: <what, where, how to fix>`` on stderr and exits 2. A run that fails removes the output
+end of the split, an env option the env does not take, a sampling flag out of range, an
+``--env-kwarg`` for what ``--model`` or ``--split`` sets, a task folder that cannot be used, samples
+the oracle cannot script, an output directory that cannot be written or a full disk) prints
+``error: <what, where, how to fix>`` on stderr and exits 2 before any model loads where it can. A run that fails removes the output
 it started, so no empty or half-written directory is left behind (Ctrl-C keeps the episodes
 finished so far, one whole record per line).
 """
@@ -32,12 +34,15 @@ finished so far, one whole record per line).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import math
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from memgym.cli import CLIError, describe, parse_kwargs, run_main
 from memopd.config import DEFAULT_THREADS, THREADS_HELP
@@ -145,7 +150,11 @@ def check_choices(args: argparse.Namespace) -> str:
         try:
             env_id = memgym.resolve_id(env_id)
         except Exception:  # noqa: BLE001 - any failure means: not a known env
-            raise CLIError(f"unknown env {args.env!r}; available envs: {', '.join(memgym.list_envs())}") from None
+            from memgym.registry import BROKEN
+
+            broken = "; task folders that failed to load: " + "; ".join(BROKEN.values()) if BROKEN else ""
+            raise CLIError(f"unknown env {args.env!r}; available envs: {', '.join(memgym.list_envs())}"
+                           f"{broken}") from None
     agent = check_agent(args)
     if agent.calls_model and not args.model:
         raise CLIError(f"--agent {args.agent} needs --model (a preset such as tiny or smollm2, a model "
@@ -158,7 +167,32 @@ def check_choices(args: argparse.Namespace) -> str:
         raise CLIError(f"--start-index must be >= 0 (the first sample of the split is 0), got {args.start_index}")
     if args.threads < 0:
         raise CLIError(f"--threads must be >= 0 (0: torch's choice), got {args.threads}")
+    check_sampling(args)
     return env_id
+
+
+def check_sampling(args: argparse.Namespace) -> None:
+    """The sampling flags, checked before any model loads (the backend would refuse them later)."""
+    if not math.isfinite(args.temperature):
+        raise CLIError(f"--temperature must be a finite number (0: greedy, e.g. 0.7 or 1.0), got {args.temperature}")
+    if not 0 < args.top_p <= 1:  # also refuses nan
+        raise CLIError(f"--top-p must be in (0, 1] (1.0: no nucleus truncation), got {args.top_p}")
+    for flag in ("max_new_tokens", "answer_max_new_tokens"):
+        if getattr(args, flag) < 1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be >= 1 (new tokens per call), got {getattr(args, flag)}")
+
+
+# Settings memopd.eval gives gymnasium.make itself, and the flag that sets each.
+OWN_ENV_KWARGS = {"tokenizer": "--model (for --agent oracle only its tokenizer is loaded)", "split": "--split"}
+
+
+def check_env_kwargs(env_kwargs: dict[str, Any]) -> None:
+    """Refuse an ``--env-kwarg`` for a setting this CLI already passes (gymnasium would say only
+    "got multiple values for keyword argument")."""
+    for key, flag in OWN_ENV_KWARGS.items():
+        if key in env_kwargs:
+            raise CLIError(f"--env-kwarg {key}={env_kwargs[key]}: memopd.eval gives the env its {key} from "
+                           f"{flag}; set it there and drop --env-kwarg {key}")
 
 
 def check_agent(args: argparse.Namespace) -> Any:
@@ -241,11 +275,13 @@ def make_envs(env_id: str, args: argparse.Namespace, tokenizer: Any, env_kwargs:
     """``--batch-size`` envs; a bad env option is a usage error, said without gymnasium's kwargs dump."""
     import gymnasium as gym
 
-    from memgym.errors import MemgymError
+    from memgym.errors import MemgymError, TaskConfigError
     from memgym.generators.hotpot import DatasetUnavailableError
 
     try:
         return [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs) for _ in range(args.batch_size)]
+    except TaskConfigError as exc:  # the task folder is wrong, not the flags: the message names file and key
+        raise CLIError(f"{env_id}: {exc}") from None
     except (ValueError, TypeError, KeyError, MemgymError, DatasetUnavailableError) as exc:
         message = str(exc).split(" was raised from the environment creator")[0]  # drop the repr of every kwarg
         raise CLIError(f"{env_id}: {message} (check --env-kwarg and --split)") from None
@@ -303,6 +339,7 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     env_id = check_choices(args)
     env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
+    check_env_kwargs(env_kwargs)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = OutputDir(Path(args.out) if args.out else
                     Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{_label(args.agent)}-{stamp}")
@@ -318,7 +355,24 @@ def _label(spec: str) -> str:
     return re.sub(r"[^\w.-]+", "_", spec.rpartition(":")[2] or spec)
 
 
+# Errors only a write raises (a full disk, a quota, a file too large, a file system turned read-only).
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A write error that names no file (a full disk raises ``[Errno 28]`` from ``write``) is
+    reported on ``path``, the file being written, with what to do."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno not in WRITE_ERRNOS:
+            raise
+        raise CLIError(f"--out {path.parent}: {describe(OSError(exc.errno, exc.strerror, str(path)))}") from None
+
+
 def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out: Path) -> dict[str, Any]:
+    from agents.oracle import OracleDataError
     from agents.rollout import rollout
 
     envs, agent, model_label = build(args, env_id, env_kwargs)
@@ -326,15 +380,21 @@ def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out:
     check_range(envs, args, env_id, groups)
     episodes_path = out / "episodes.jsonl"
     t0 = time.perf_counter()
-    episodes = rollout(envs, agent, args.episodes, group_size=args.group_size, seed=args.seed,
-                       indices=range(args.start_index, args.start_index + groups), out=episodes_path,
-                       progress=args.progress)
+    try:
+        with _writing(episodes_path):
+            episodes = rollout(envs, agent, args.episodes, group_size=args.group_size, seed=args.seed,
+                               indices=range(args.start_index, args.start_index + groups), out=episodes_path,
+                               progress=args.progress)
+    except OracleDataError as exc:
+        raise CLIError(f"--agent {args.agent}: {exc}; or evaluate an agent that calls a model "
+                       "(e.g. --agent memagent --model tiny)") from None
     wall = time.perf_counter() - t0
     summary = summarize(episodes, wall_s=wall)
     summary.update({"env": env_id, "agent": args.agent, "agent_kwargs": args.agent_options, "model": model_label,
                     "split": args.split, "episodes": len(episodes), "seed": args.seed, "start_index": args.start_index,
                     "group_size": args.group_size, "temperature": args.temperature, "env_kwargs": env_kwargs})
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    with _writing(out / "summary.json"):
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     header = f"{env_id}  agent={args.agent}  model={model_label}  split={args.split}  episodes={len(episodes)}"
     print(format_table(summary, header))
     print(f"saved {episodes_path} and {out / 'summary.json'}")
