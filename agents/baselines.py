@@ -88,10 +88,11 @@ class FullContextAgent(_ReaderAgent):
 class RAGAgent(_ReaderAgent):
     """BM25 retrieval over the chunks read, the top-k chunks (in reading order) into one answer call.
 
+    The other arguments are as :class:`FullContextAgent`'s; retrieved chunks that do not fit the
+    context length are dropped, lowest score first.
+
     Args:
         top_k: chunks retrieved.
-        (other args as :class:`FullContextAgent`; retrieved chunks that do not fit the context
-        length are dropped, lowest score first.)
     """
 
     name = "rag"

@@ -55,9 +55,10 @@ from agents.policy import EpisodeState, strip_stop
 class RAGMemAgent(MemAgent):
     """MemAgent over the ``top_k`` chunks BM25 ranks best for the question (see the module doc).
 
+    ``backend``, ``sampling``, ``answer_sampling``, ``answer_max_new_tokens``, ``template``,
+    ``tokenizer`` and ``cap_memory_sampling`` are as :class:`agents.memagent.MemAgent`'s.
+
     Args:
-        backend, sampling, answer_sampling, answer_max_new_tokens, template, tokenizer,
-        cap_memory_sampling: as :class:`agents.memagent.MemAgent`.
         top_k: chunks retrieved (default 1); an episode makes ``min(top_k, num_chunks)`` memory
             calls and one answer call.
     """

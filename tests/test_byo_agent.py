@@ -1,7 +1,7 @@
 """The example agent of "Bring your own agent": examples/notes_agent.py (NotesAgent, NotesOracle) on
 the example task folder examples/tasks/Visits. Its records are exact (the memory a call receives is
 its earlier notes, token for token), pass the RCE audit and the recorded-vs-rescored check in both
-context modes, it trains through the CLI, and the README's commands run as written."""
+context modes, it trains through the CLI, and the guide's commands (docs/extend.md) run as written."""
 
 import os
 import re
@@ -124,10 +124,10 @@ def test_notes_agent_trains_two_steps_through_the_cli(tmp_path, monkeypatch, cap
 
 
 def readme_commands() -> tuple[dict[str, str], list[str]]:
-    """The environment and commands of the README's notes-agent example."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """The environment and commands of the notes-agent example (docs/extend.md, "Bring your own agent")."""
+    text = (REPO / "docs" / "extend.md").read_text(encoding="utf-8")
     match = re.search(r"<!-- memopd:byo-agent -->\s*```bash\n(.*?)```", text, re.DOTALL)
-    assert match, "README.md must hold the notes-agent commands in a ```bash block after <!-- memopd:byo-agent -->"
+    assert match, "docs/extend.md must hold the notes-agent commands in a ```bash block after <!-- memopd:byo-agent -->"
     env, commands = {}, []
     for line in match.group(1).splitlines():
         line = line.split("  #")[0].strip()
@@ -139,7 +139,7 @@ def readme_commands() -> tuple[dict[str, str], list[str]]:
     return env, commands
 
 
-# fewer episodes and steps than the README's; a later flag overrides an earlier one
+# fewer episodes and steps than the guide's; a later flag overrides an earlier one
 FASTER = {"memopd.eval": ["--episodes", "24"], "memopd.sft": ["--steps", "2"],
           "memopd.train": ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
                            "--eval-episodes", "2", "--eval-every", "0", "--audit-every", "2"],

@@ -77,14 +77,14 @@ def test_the_plugin_interface_defaults_change_nothing():
 
 
 def test_the_readme_plugin_command_runs_as_written(tmp_path):
-    """The README's command, with smaller sizes appended (a later flag overrides an earlier one)."""
+    """The guide's command (docs/extend.md), with smaller sizes appended (a later flag overrides an earlier one)."""
     import re
     import shlex
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extend.md").read_text(encoding="utf-8")
     match = re.search(r"<!-- memopd:plugin-example -->\s*```bash\n(.*?)```", text, re.DOTALL)
-    assert match, "README.md must hold the plugin command in a ```bash block after <!-- memopd:plugin-example -->"
+    assert match, "docs/extend.md must hold the plugin command in a ```bash block after <!-- memopd:plugin-example -->"
     (command,) = [line for line in match.group(1).splitlines() if line.strip()]
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "memopd.train"] and "examples.answer_weight:AnswerWeight" in argv
