@@ -159,7 +159,7 @@ class Invocation:
 class Episode:
     """One episode: its invocations in call order, the final reward and metrics.
 
-    What the learner reads (see the README, "Bring your own agent"): ``invocations`` (each call's
+    What the learner reads (see docs/extend.md, "Bring your own agent"): ``invocations`` (each call's
     exact record, ``role`` for the teacher mask, ``spans`` for the persistent-history control),
     ``reward`` and ``metrics`` (the trainer's ``--reward`` names a metric), ``group_id`` (episodes
     of one question, for group-relative advantages) and ``agent`` (named in its error messages).

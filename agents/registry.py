@@ -288,7 +288,7 @@ def check_convention(cls: type["MemoryPolicy"], spec: str) -> None:
         kind = ("a model-backed agent (calls_model = True) takes backend= and sampling=" if cls.calls_model else
                 "a scripted agent (calls_model = False) takes tokenizer=")
         raise AgentSpecError(spec, f"{cls.__qualname__}.__init__ takes no {', '.join(m + '=' for m in missing)}; "
-                                   f"{kind} keyword arguments (see the README, 'Bring your own agent')")
+                                   f"{kind} keyword arguments (see docs/extend.md, 'Bring your own agent')")
 
 
 def check_trainable(cls: type["MemoryPolicy"], spec: str) -> None:

@@ -11,7 +11,7 @@ ids they were sampled as, joined by a newline. That matters to the learner:
   number of calls;
 - the prompt layout is its own (``<notes>`` instead of ``<memory>``): a teacher trained on
   MemAgent's layout has not seen it. ``NotesOracle`` writes gold trajectories in this layout, to
-  fine-tune a teacher on (see the README, "Bring your own agent").
+  fine-tune a teacher on (see docs/extend.md, "Bring your own agent").
 
 Prompts come from :class:`agents.prompts.PromptBuilder` and requests from
 :meth:`MemoryPolicy.request`, so every call is recorded exactly by the backend, with the prompt

@@ -2,7 +2,7 @@
 
 Each step delivers one chunk; the agent's action for it becomes its new memory (cut to the
 memory budget). After the last chunk the agent answers; the episode terminates with the
-answer's score as reward. See the environment contract in the README for every info key.
+answer's score as reward. See the README quickstart and docs/gym.md for the info keys.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class MemoryQAEnv(gym.Env[str, str]):
         task_dir: the task folder (what registration passes); or give ``task``.
         task: a registered id or name (``"LongQA"``, ``"memgym/LongQA-v0"``).
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the observation text).
-        **kwargs: the settings of :data:`ENV_DEFAULTS` (see the README's kwargs table);
+        **kwargs: the settings of :data:`ENV_DEFAULTS` (see the kwargs table in docs/gym.md);
             any other kwarg goes to the task's ``make_source`` (e.g. ``hops=2``).
     """
 

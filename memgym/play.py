@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--index", type=int, default=None, help="play the sample at this index")
     parser.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="a gymnasium.make kwarg, repeatable (e.g. --env-kwarg hops=2 --env-kwarg "
-                             "fact_order=random); see the README's environment kwargs")
+                             "fact_order=random); see the environment kwargs in docs/gym.md")
     return parser
 
 

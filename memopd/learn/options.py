@@ -137,7 +137,7 @@ class UpdateOptions:
 
 @dataclass
 class ParallelOptions:
-    """Several processes (torchrun; see README "Scale out")"""
+    """Several processes (torchrun; see docs/scale-out.md)"""
 
     parallel: str = field("fsdp", help="data parallelism of the student and critic under torchrun: FSDP2 "
                                        "sharding (fsdp) or whole replicas (ddp)", choices=distributed.PARALLEL_MODES)
@@ -184,7 +184,7 @@ class PluginOptions:
     plugin: list = field(default_factory=list,
                          help="training methods of your own, comma-separated: module:Class, a "
                                "memopd.learn.plugin.Plugin subclass importable from the current directory (e.g. "
-                               "examples.kl_guard:KLGuard), or a name under the memopd.plugins entry points; "
+                               "examples.answer_weight:AnswerWeight), or a name under the memopd.plugins entry points; "
                                "they run after the built-in methods. In a TOML config: plugin = [\"m:C\"]")
     plugin_kwargs: dict = field(default_factory=dict,
                                 help="an option of a --plugin (repeatable): KEY=VALUE for a field of its Options "

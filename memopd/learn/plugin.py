@@ -17,7 +17,7 @@ A plugin owns its options (``Options``: a :mod:`memopd.config` dataclass whose f
 ``memopd.train``, shown in their own ``--help`` group), its metrics and its checkpoint state
 (:meth:`state_dict` / :meth:`load_state_dict`, saved with every checkpoint). The built-in methods
 live in :mod:`memopd.plugins`; a user adds one with ``--plugin module:Class`` or under the
-``memopd.plugins`` entry-point group (see the README, "Extend the learner").
+``memopd.plugins`` entry-point group (see docs/extend.md, "Extend the learner").
 """
 
 from __future__ import annotations
