@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from agents.registry import agent_names as _agent_names
 from memopd import distributed, losses
 from memopd.config import ConfigError, TrainingOptions, field
+from memopd.estimators import ESTIMATORS, SAMPLED_KINDS
 from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.plugins.async_ray import AsyncOptions
 from memopd.plugins.freshness import FreshnessOptions
@@ -107,6 +108,19 @@ class ObjectiveOptions:
     opd_divergence: str = field("auto", help="distillation divergence: rkl = KL(student || teacher) (MemOPD's), "
                                              "fkl, jsd; auto = fkl for a tiny-preset student learnt from scratch, "
                                              "rkl for any other model", choices=("auto", *losses.DIVERGENCES))
+    opd_estimator: str = field("full", help="how the divergence is estimated at each supervised token: full (the "
+                                            "whole vocabulary, exact), topk (the teacher's --opd-topk most likely "
+                                            "tokens plus one tail bucket: a lower bound, 2k numbers a token), "
+                                            "sampled (k1 / k3 of the log-ratio at the sampled token: reverse KL only, "
+                                            "one teacher log-prob a token; see --opd-sampled, --opd-sampled-as)",
+                               choices=ESTIMATORS)
+    opd_topk: int = field(20, help="topk estimator: the teacher's most likely tokens kept per action",
+                          range=(1, None))
+    opd_sampled: str = field("k3", help="sampled estimator: k1 (log r) or k3 ((1/r - 1) + log r, never negative), "
+                                        "r = p_student / p_teacher at the sampled token", choices=SAMPLED_KINDS)
+    opd_sampled_as: str = field("loss", help="sampled estimator: a loss (value the estimate, gradient the score "
+                                             "function's) or a dense per-token advantage -lambda * log r added to "
+                                             "PPO's (the Tinker cookbook's form)", choices=("loss", "advantage"))
     teacher_context: str = field("aligned", help="teacher scoring context: aligned (MemOPD) or persistent "
                                                  "(flattened history, the control)", choices=("aligned", "persistent"))
     teacher_mask: str = field("both", help="which action tokens the teacher supervises",
@@ -118,6 +132,12 @@ class ObjectiveOptions:
     gamma: float = field(1.0, help="GAE discount", range=(0.0, 1.0))
     lam: float = field(1.0, help="GAE lambda", range=(0.0, 1.0))
     vf_coef: float = field(0.5, help="value loss weight (GAE critic)", range=(0.0, None))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        if self.opd_estimator == "sampled" and self.opd_divergence not in ("auto", "rkl"):
+            raise ConfigError(f"--opd-estimator sampled estimates the reverse KL only; drop --opd-divergence "
+                              f"{self.opd_divergence} (or pass rkl), or use --opd-estimator full or topk")
 
 
 @dataclass

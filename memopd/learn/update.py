@@ -5,8 +5,10 @@ For each minibatch (an optimizer step)::
     L_actor = L_PPO - alpha * H + lambda * L_OPD        (memopd.losses.actor_loss)
 
 ``L_PPO`` is the clipped surrogate with the trajectory weights (masked mean), ``H`` the entropy
-with the same weights, ``L_OPD`` the masked mean of the full-vocabulary divergence to the teacher
-with the distillation weights; with GAE a critic regresses on the returns (``--vf-coef``).
+with the same weights, ``L_OPD`` the masked mean of the divergence to the teacher with the
+distillation weights, estimated by ``--opd-estimator`` (:mod:`memopd.estimators`: the full
+vocabulary, the teacher's top-k plus a tail bucket, or k1 / k3 at the sampled token, as a loss or
+as a per-token advantage); with GAE a critic regresses on the returns (``--vf-coef``).
 
 Under torchrun the loss is global: each rank's masked means are rescaled from its own normalisers
 (trajectory weights, teacher tokens) to the sums over all ranks, and its loss is multiplied by the
@@ -21,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from agents.records import ROLES
-from memopd import distributed, losses
+from memopd import distributed, estimators, losses
 from memopd.learn.advantage import Advantages
 from memopd.learn.plugin import LossWeights
 from memopd.packing import PackedBatch
@@ -41,6 +43,8 @@ class UpdateInputs:
     trainer_logp: torch.Tensor | None
     old_logp: torch.Tensor
     is_weights: torch.Tensor | None
+    teacher_top: estimators.TopK | None = None  # --opd-estimator topk: the teacher's top-k at each action
+    teacher_sampled: torch.Tensor | None = None  # --opd-estimator sampled: [N] its log-probs of the sampled tokens
 
 
 class PPOUpdate:
@@ -64,8 +68,18 @@ class PPOUpdate:
         trainer_logp = self.trainer_logprobs(minibatches, batch.num_actions) \
             if cfg.old_logprobs == "recompute" or len(minibatches) > 1 or need_trainer_logp else None
         old_logp, is_w = self.old_logprobs(batch, trainer_logp)
-        return UpdateInputs(batch, minibatches, teacher_states, teacher_logprobs(teacher_states, cfg),
-                            trainer_logp, old_logp, is_w)
+        inputs = UpdateInputs(batch, minibatches, teacher_states, None, trainer_logp, old_logp, is_w)
+        if teacher_states is None:
+            return inputs
+        if cfg.opd_estimator == "full":
+            inputs.teacher_logp = teacher_logprobs(teacher_states, cfg)
+        elif cfg.opd_estimator == "topk":
+            inputs.teacher_top = estimators.teacher_targets(teacher_states, batch.action_ids, "topk", cfg.opd_topk,
+                                                            cfg.kl_chunk)
+        else:
+            inputs.teacher_sampled = estimators.teacher_targets(teacher_states, batch.action_ids, "sampled", 0,
+                                                                cfg.kl_chunk)
+        return inputs
 
     @torch.no_grad()
     def trainer_logprobs(self, minibatches: Sequence[PackedBatch], num_actions: int) -> torch.Tensor:
@@ -100,6 +114,10 @@ class PPOUpdate:
         kl_parts: dict[str, list[tuple[float, float]]] = {f"kl/{r}": [] for r in ("all", *ROLES)}
         skipped = 0
         trainer_logp = inp.trainer_logp
+        if self._kl_advantage() and inp.teacher_sampled is not None:  # the sampled reverse KL as a dense
+            # advantage: PPO optimises it
+            kl_adv = estimators.sampled_advantage(batch.old_logprobs, inp.teacher_sampled) * batch.teacher.float()
+            adv = Advantages(adv.advantages + cfg.opd_coef * kl_adv, adv.weights, adv.values, adv.returns)
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
             for mb in inp.minibatches:
@@ -139,18 +157,16 @@ class PPOUpdate:
         uid = mb.action_uid
         w, tmask = weights.ppo[uid], weights.opd[uid]
         w_scale, t_scale = distributed.global_scales([float(w.sum()), float(tmask.sum())], world)
-        t = inp.teacher_states.select(uid) if inp.teacher_states is not None and inp.teacher_logp is None else None
-        logp, ent, div = losses.student_terms(
-            self.student_states(mb), mb.action_ids, t, cfg.opd_divergence, cfg.kl_chunk,
-            inp.teacher_logp[uid] if inp.teacher_logp is not None else None)
-        if cfg.reward != "none":
+        logp, ent, div = self._terms(mb, inp)
+        if cfg.reward != "none" or (self._kl_advantage() and inp.teacher_sampled is not None):
             pg, pg_stats = losses.ppo_policy_loss(logp, inp.old_logp[uid], adv.advantages[uid], w, cfg.clip_eps,
                                                   None if inp.is_weights is None else inp.is_weights[uid])
         else:
             pg, pg_stats = logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}
         pg = pg * w_scale
         entropy = losses.masked_mean(ent, w) * w_scale
-        opd = losses.masked_mean(div, tmask) * t_scale if div is not None else logp.sum() * 0.0
+        opd = (losses.masked_mean(div, tmask) * t_scale if div is not None and not self._kl_advantage()
+               else logp.sum() * 0.0)
         loss = losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef)
         vloss = None
         if self.critic is not None:
@@ -175,6 +191,28 @@ class PPOUpdate:
                  **({"value_loss": vloss.item()} if vloss is not None else {})}
         totals = distributed.all_sum(list(stats.values()), world)
         return {**dict(zip(stats, totals)), "grad_norm": float(gnorm)}, div, logp
+
+    def _terms(self, mb: PackedBatch, inp: UpdateInputs
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The student's log-probs of the sampled tokens, its entropy, and the estimated divergence
+        to the teacher at each of a minibatch's actions (None without a teacher)."""
+        cfg, uid = self.cfg, mb.action_uid
+        states = self.student_states(mb)
+        if inp.teacher_top is not None:
+            return estimators.student_terms_topk(states, mb.action_ids, inp.teacher_top.select(uid),
+                                                 cfg.opd_divergence, cfg.kl_chunk)
+        if inp.teacher_sampled is not None:
+            logp, ent, _ = losses.student_terms(states, mb.action_ids, chunk_size=cfg.kl_chunk)
+            t_lp = inp.teacher_sampled[uid].to(logp.device)
+            if self._kl_advantage():  # its value for the metrics; PPO carries the gradient
+                return logp, ent, estimators.sampled_estimate(logp, t_lp, cfg.opd_sampled)
+            return logp, ent, estimators.sampled_loss(logp, t_lp, cfg.opd_sampled)
+        t = inp.teacher_states.select(uid) if inp.teacher_states is not None and inp.teacher_logp is None else None
+        return losses.student_terms(states, mb.action_ids, t, cfg.opd_divergence, cfg.kl_chunk,
+                                    inp.teacher_logp[uid] if inp.teacher_logp is not None else None)
+
+    def _kl_advantage(self) -> bool:
+        return self.cfg.opd_estimator == "sampled" and self.cfg.opd_sampled_as == "advantage"
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor,
                  is_w: torch.Tensor | None) -> dict[str, float]:

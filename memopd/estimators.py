@@ -1,0 +1,177 @@
+"""Estimators of the distillation divergence at an action token, by what they need of the teacher.
+
+Every estimator compares the student's next-token distribution ``s`` with the teacher's ``t`` at
+the same action position, both scored in the state the student sampled the action in.
+
+``full`` (MemOPD's, :func:`memopd.losses.divergence_from_logprobs`)
+    ``D(s, t)`` over the whole vocabulary. Exact; needs the teacher's full distribution (its
+    hidden states and output head in this process, or ``V`` floats a token).
+
+``topk`` (k + 1 buckets)
+    The teacher's ``k`` most likely tokens ``S`` at the position, plus one bucket for the rest:
+    ``t_S`` and ``t_tail = 1 - sum(t_S)``; the student's distribution is projected on the same
+    buckets (``s_S`` and ``s_tail = 1 - sum(s_S)``, its own mass outside ``S``), and ``D`` is
+    taken over the ``k + 1`` buckets. Needs ``2k`` numbers a token. Bias: merging the tail into
+    one bucket can only lower a divergence (the data-processing inequality), so the estimate is
+    a lower bound of the full one, equal to it when both distributions agree in shape within the
+    tail (exactly equal at ``k = V``). Unlike dropping the tail (top-k renormalised), the student
+    is not rewarded for moving mass outside ``S``. A teacher tail below ``1e-12`` is clamped there
+    (a rounding-level sum of the top ``k`` above 1 would otherwise make it ``-inf``).
+
+``sampled`` (``k1`` / ``k3`` at the sampled token ``a ~ s``)
+    With ``log r = log s(a) - log t(a)``: ``k1 = log r`` and ``k3 = (1/r - 1) + log r``. Both are
+    unbiased estimates of ``KL(s || t)`` over the sampling of ``a`` (k1 can be negative, k3 is
+    never negative and has lower variance when ``s`` and ``t`` are close). Needs one teacher
+    log-prob a token (what any inference server returns). As a **loss**, the value reported is
+    the estimate and the gradient is the score-function gradient ``sg(log r) * grad log s(a)``,
+    whose expectation is the gradient of ``KL(s || t)`` (``E_s[grad log s] = 0`` drops the
+    ``+1``); as an **advantage** (the Tinker cookbook's on-policy distillation), ``-lambda *
+    log r`` is added to the PPO advantage of every supervised token, with PPO's clipping and
+    importance ratio doing the rest. Only the reverse KL has this form.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from memopd.scoring import ActionStates, map_chunks
+
+DIVERGENCES = ("rkl", "fkl", "jsd")  # as memopd.losses.DIVERGENCES
+ESTIMATORS = ("full", "topk", "sampled")
+SAMPLED_KINDS = ("k1", "k3")
+TAIL_FLOOR = 1e-12
+"""The least tail mass of the teacher in the top-k estimator."""
+
+
+@dataclass
+class TopK:
+    """The teacher's k most likely tokens at each of N actions and their log-probs, [N, k] each."""
+
+    ids: torch.Tensor
+    logp: torch.Tensor
+
+    def select(self, index: torch.Tensor) -> TopK:
+        return TopK(self.ids[index], self.logp[index])
+
+
+def _plogq(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """``p * (log p - log q)`` with ``0 * anything = 0`` (an empty bucket adds nothing)."""
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
+
+
+def bucket_divergence(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "rkl") -> torch.Tensor:
+    """Divergence per row between two log-distributions over the same buckets [n, B] -> [n], where
+    buckets may be empty (``-inf``)."""
+    if kind == "rkl":
+        return _plogq(logp_s, logp_t).sum(-1)
+    if kind == "fkl":
+        return _plogq(logp_t, logp_s).sum(-1)
+    if kind == "jsd":
+        log_m = torch.logsumexp(torch.stack([logp_s, logp_t]), dim=0) - math.log(2.0)
+        return 0.5 * (_plogq(logp_s, log_m).sum(-1) + _plogq(logp_t, log_m).sum(-1))
+    raise ValueError(f"unknown divergence {kind!r}; choose one of {DIVERGENCES}")
+
+
+def topk_buckets(logp_s: torch.Tensor, top: TopK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The student's and the teacher's log-masses on the teacher's top-k tokens plus the tail
+    bucket, [n, k + 1] each (no tail bucket when k covers the vocabulary)."""
+    s_top = logp_s.gather(-1, top.ids)
+    t_top = top.logp.to(logp_s)
+    if top.ids.shape[-1] >= logp_s.shape[-1]:
+        return s_top, t_top
+    outside = torch.ones_like(logp_s, dtype=torch.bool).scatter_(-1, top.ids, False)
+    s_tail = torch.logsumexp(logp_s.masked_fill(~outside, float("-inf")), dim=-1, keepdim=True)
+    t_tail = torch.log((-torch.expm1(torch.logsumexp(t_top, dim=-1, keepdim=True))).clamp_min(TAIL_FLOOR))
+    return torch.cat([s_top, s_tail], -1), torch.cat([t_top, t_tail], -1)
+
+
+def topk_divergence(logp_s: torch.Tensor, top: TopK, kind: str = "rkl") -> torch.Tensor:
+    """[n] the top-k + tail estimate of the divergence from the student's full log-distribution
+    [n, V] (differentiable) and the teacher's top-k."""
+    s_b, t_b = topk_buckets(logp_s, top)
+    return bucket_divergence(s_b, t_b, kind)
+
+
+def teacher_topk(logp_t: torch.Tensor, k: int) -> TopK:
+    """The top-k of a teacher's full log-distribution [n, V]."""
+    vals, ids = logp_t.topk(min(k, logp_t.shape[-1]), dim=-1)
+    return TopK(ids, vals)
+
+
+def sampled_estimate(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """[n] k1 or k3 of KL(s || t) at the sampled tokens, from the student's and the teacher's
+    log-probs of them (no gradient: the estimate's value)."""
+    log_r = (logp_s - logp_t).detach().double()
+    if kind == "k1":
+        return log_r.float()
+    if kind == "k3":
+        return (torch.expm1(-log_r) + log_r).float()
+    raise ValueError(f"unknown sampled estimator {kind!r}; choose one of {SAMPLED_KINDS}")
+
+
+def sampled_loss(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """[n] the sampled estimator as a loss: its value is :func:`sampled_estimate`, its gradient
+    ``sg(log s(a) - log t(a)) * grad log s(a)`` (an unbiased gradient of KL(s || t) when ``a ~ s``)."""
+    log_r = (logp_s - logp_t.to(logp_s)).detach()
+    surrogate = log_r * logp_s
+    return sampled_estimate(logp_s, logp_t, kind).to(logp_s) + surrogate - surrogate.detach()
+
+
+def sampled_advantage(logp_behaviour: torch.Tensor, logp_t: torch.Tensor) -> torch.Tensor:
+    """[n] the per-token advantage of the sampled reverse KL (to be scaled by lambda):
+    ``-(log s_behaviour(a) - log t(a))``, the teacher's log-prob of the action above the
+    student's."""
+    return -(logp_behaviour.float() - logp_t.float())
+
+
+def teacher_token_logprobs(logp_t: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[n] a teacher's log-probs of the sampled tokens from its log-distribution [n, V]."""
+    return logp_t.gather(-1, targets[:, None].to(logp_t.device))[:, 0]
+
+
+def teacher_targets(teacher: ActionStates, targets: torch.Tensor, estimator: str, k: int,
+                    chunk_size: int = 1024) -> TopK | torch.Tensor:
+    """What an estimator reads of a local teacher, from its states at the N actions (no grad):
+    its top-k (:class:`TopK`) or its log-probs of the sampled tokens ([N])."""
+    def fn(h: torch.Tensor, temp: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logp_t = F.log_softmax(teacher.logits(h, temp), dim=-1)
+        if estimator == "topk":
+            top = teacher_topk(logp_t, k)
+            return top.ids, top.logp
+        return (teacher_token_logprobs(logp_t, y),)
+
+    with torch.no_grad():
+        parts = map_chunks(fn, (teacher.hidden.detach(), teacher.temperatures, targets.to(teacher.hidden.device)),
+                           chunk_size)
+    if estimator == "topk":
+        kk = min(k, teacher.vocab_size or 10**9)
+        empty = (torch.zeros(0, kk, dtype=torch.long), torch.zeros(0, kk))
+        return TopK(*(torch.cat([p[i] for p in parts]) if parts else empty[i] for i in range(2)))
+    return torch.cat([p[0] for p in parts]) if parts else torch.zeros(0)
+
+
+def student_terms_topk(student: ActionStates, targets: torch.Tensor, top: TopK, kind: str = "rkl",
+                       chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per action: the student's log p(target), its entropy and the top-k + tail divergence to the
+    teacher, from one projection of the student's states per chunk. Returns [N] x 3."""
+    def fn(h: torch.Tensor, temp: torch.Tensor, y: torch.Tensor, ids: torch.Tensor,
+           t_lp: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
+        return (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1),
+                topk_divergence(logp_s, TopK(ids, t_lp), kind))
+
+    dev = student.hidden.device
+    parts = map_chunks(fn, (student.hidden, student.temperatures, targets.to(dev), top.ids.to(dev), top.logp.to(dev)),
+                       chunk_size)
+    empty = student.hidden.new_zeros(0)
+    return tuple(torch.cat([p[i] for p in parts]) if parts else empty for i in range(3))  # type: ignore[return-value]
+
+
+__all__ = ["ESTIMATORS", "SAMPLED_KINDS", "TAIL_FLOOR", "TopK", "bucket_divergence", "sampled_advantage",
+           "sampled_estimate", "sampled_loss", "student_terms_topk", "teacher_targets", "teacher_token_logprobs",
+           "teacher_topk", "topk_buckets", "topk_divergence"]
