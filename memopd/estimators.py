@@ -33,7 +33,7 @@ the same action position, both scored in the state the student sampled the actio
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,18 @@ class TopK:
 
     def select(self, index: torch.Tensor) -> TopK:
         return TopK(self.ids[index], self.logp[index])
+
+
+@dataclass
+class TeacherScores:
+    """The teacher at a step's N actions, in the batch's action order: its states (a local teacher:
+    the full distribution), or its top-k and its log-probs of the sampled tokens (a served one);
+    and metrics of the scoring (time, bytes)."""
+
+    states: ActionStates | None = None
+    top: TopK | None = None
+    sampled: torch.Tensor | None = None  # [N]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _plogq(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -172,6 +184,6 @@ def student_terms_topk(student: ActionStates, targets: torch.Tensor, top: TopK, 
     return tuple(torch.cat([p[i] for p in parts]) if parts else empty for i in range(3))  # type: ignore[return-value]
 
 
-__all__ = ["ESTIMATORS", "SAMPLED_KINDS", "TAIL_FLOOR", "TopK", "bucket_divergence", "sampled_advantage",
+__all__ = ["ESTIMATORS", "SAMPLED_KINDS", "TAIL_FLOOR", "TeacherScores", "TopK", "bucket_divergence", "sampled_advantage",
            "sampled_estimate", "sampled_loss", "student_terms_topk", "teacher_targets", "teacher_token_logprobs",
            "teacher_topk", "topk_buckets", "topk_divergence"]

@@ -95,6 +95,11 @@ class OpenAIBackend(Backend):
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 
+    def request(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One call on the server (GET without a body, else POST JSON), with this backend's retries
+        and timeout: what a client of the same server (a remote teacher) shares with it."""
+        return self._http(path, body)
+
     def _first_model(self) -> str:
         models = self._http("/models").get("data") or []
         if not models:

@@ -6,6 +6,7 @@ checks; :class:`TrainConfig` is their union, so every flag and TOML key is the f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from agents.registry import agent_names as _agent_names
 from memopd import distributed, losses
@@ -25,8 +26,10 @@ class RunOptions:
 
     model: str = field("tiny", help="student: preset (tiny, tiny-teacher, smollm2), local model directory, "
                                     "training run directory or checkpoint, .gguf file or hub id")
-    teacher: str = field("auto", help="teacher spec; 'auto' = the tiny-teacher preset fine-tuned on oracle "
-                                      "trajectories of --env (built and cached on first use)")
+    teacher: str = field("auto", help="teacher spec (as --model takes), or the URL of an OpenAI-compatible server "
+                                      "(a stock vllm serve, e.g. http://127.0.0.1:8000/v1; see --teacher-model); "
+                                      "'auto' = the tiny-teacher preset fine-tuned on oracle trajectories of --env "
+                                      "(built and cached on first use)")
     student_warmup_steps: int = field(100, help="SFT steps on oracle trajectories before RL when --model is a "
                                                "tiny preset (learns the output format; 0 = start from --model as is)",
                                       range=(0, None))
@@ -141,6 +144,36 @@ class ObjectiveOptions:
 
 
 @dataclass
+class ServedTeacherOptions:
+    """A teacher behind a server (--teacher URL)"""
+
+    teacher_model: str | None = field(None, help="served teacher: the model's name on the server (default: the "
+                                                 "first it lists)")
+    teacher_concurrency: int = field(8, help="served teacher: requests in flight at once", range=(1, None))
+    teacher_retries: int = field(4, help="served teacher: attempts after a connection error or timeout, with "
+                                         "backoff 0.5 s, 1 s, 2 s, ...", range=(0, None))
+    teacher_timeout: float = field(120.0, help="served teacher: seconds a request may take", range=(1.0, None))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        from memopd.learn.remote_teacher import is_url
+
+        cfg: Any = self
+        if not (is_url(cfg.teacher) and cfg.opd_coef > 0):
+            return
+        if cfg.opd_estimator == "full":
+            raise ConfigError(f"--teacher {cfg.teacher}: a server returns the top tokens of each position, not the "
+                              "whole distribution; pass --opd-estimator topk (with --opd-topk, at most the server's "
+                              "--max-logprobs) or sampled")
+        if cfg.teacher_context != "aligned":
+            raise ConfigError(f"--teacher {cfg.teacher}: a served teacher scores each call in its own state "
+                              "(--teacher-context aligned); the persistent control needs a local teacher")
+        if cfg.prune_opd:
+            raise ConfigError(f"--teacher {cfg.teacher}: --prune-opd compares the teacher's whole distribution with "
+                              "the student's; use a local teacher")
+
+
+@dataclass
 class UpdateOptions:
     """Update: PPO epochs, minibatches and the teacher cache"""
 
@@ -224,7 +257,8 @@ class PluginOptions:
 
 @dataclass
 class TrainConfig(PluginOptions, AsyncOptions, StalenessOptions, PruneOPDOptions, FreshnessOptions, TurnOPDOptions,
-                  LoggingOptions, ParallelOptions, UpdateOptions, ObjectiveOptions, RolloutOptions, RunOptions,
+                  LoggingOptions, ParallelOptions, UpdateOptions, ServedTeacherOptions, ObjectiveOptions,
+                  RolloutOptions, RunOptions,
                   TrainingOptions):
     """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``; the
     options shared with ``memopd.sft`` (env, model, seed, threads, optimiser, attention) mean the
@@ -232,4 +266,5 @@ class TrainConfig(PluginOptions, AsyncOptions, StalenessOptions, PruneOPDOptions
 
 
 __all__ = ["LoggingOptions", "ObjectiveOptions", "ParallelOptions", "PluginOptions", "RolloutOptions", "RunOptions",
+           "ServedTeacherOptions",
            "TrainConfig", "UpdateOptions"]

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from agents.records import Episode
     from memopd.distributed import World
     from memopd.learn.actor import Rollout, RolloutLimits
-    from memopd.learn.teacher import Teacher
     from memopd.packing import PackedBatch
     from memopd.scoring import ActionStates
 
@@ -84,6 +83,7 @@ class WeighContext:
     teacher_logp: torch.Tensor | None  # [N, V] the teacher's kept log-distribution (None: project the states)
     trainer_logp: torch.Tensor | None  # [N] the student's log-probs of the sampled tokens before the update
     student_states: Callable[[PackedBatch], ActionStates]  # the student's states at a minibatch's actions
+    scored: bool = True  # whether a teacher scored the step (its states may be None: a served teacher)
 
 
 @dataclass
@@ -110,7 +110,7 @@ class PluginContext:
     world: World
     student: Any
     tokenizer: Any
-    teacher: Teacher | None
+    teacher: Any  # memopd.learn.teacher.Teacher, a served teacher, or None
     log: Callable[[str], None]
     run_dir: Path
     options: Any = None  # the plugin's own Options, for a plugin given by --plugin

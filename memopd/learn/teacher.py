@@ -9,9 +9,12 @@ context the run distils in:
   exact state the student sampled it in (prompt tokens, positions and visibility restored);
 - ``persistent`` (the control): the episode flattened into one growing transcript, packed anew.
 
-Two teachers live behind :class:`Teacher` today: :class:`LocalTeacher` (whole weights in this
-process) and :class:`ShardedTeacher` (FSDP2 under torchrun, ``--teacher-parallel fsdp``: each rank
-holds 1/N of the decoder and a whole copy of the output head).
+Three teachers live behind :meth:`Teacher.score` today: :class:`LocalTeacher` (whole weights in
+this process), :class:`ShardedTeacher` (FSDP2 under torchrun, ``--teacher-parallel fsdp``: each
+rank holds 1/N of the decoder and a whole copy of the output head) and
+:class:`memopd.learn.remote_teacher.RemoteTeacher` (a model behind a stock ``vllm serve``: the
+top-k and the sampled token's log-prob at every action, for the estimators that need no more).
+What a score holds is :class:`TeacherScores`: whichever of these the teacher has.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 
 from agents.records import ROLES, Episode
 from memopd import distributed
+from memopd.estimators import TeacherScores
 from memopd.learn.models import default_teacher_dir, ensure_teacher, pad_id
 from memopd.packing import PackedBatch, fitting_budget, pack_episodes
 from memopd.scoring import ActionStates, action_states
@@ -44,15 +48,15 @@ class Teacher(ABC):
         """The teacher's states at ``batch``'s action tokens, detached (no grad)."""
 
     @torch.no_grad()
-    def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> ActionStates:
+    def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
         """The teacher's states at the action tokens of ``batch`` (the packed ``episodes``), in the
         run's context; the action order is ``batch``'s in either context."""
         if self.context == "aligned":
-            return self.action_states(batch)
+            return TeacherScores(states=self.action_states(batch))
         # a flattened transcript cannot be split across rows: widen rows to fit it
         flat = pack_episodes(list(episodes), fitting_budget(list(episodes), "persistent", self.pack_tokens),
                              mode="persistent", teacher_roles=self.roles, pad_token_id=pad_id(self.tokenizer))
-        return self.action_states(flat)
+        return TeacherScores(states=self.action_states(flat))
 
 
 class LocalTeacher(Teacher):
@@ -90,14 +94,21 @@ class ShardedTeacher(Teacher):
 
 
 def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
-                 log: Callable[[str], None] = print) -> Teacher | None:
-    """The run's teacher (None without distillation, ``--opd-coef 0``). ``--teacher auto`` is built
-    once per machine, by its local rank 0, while the machine's other ranks wait for the cache (on
-    the filesystem: a build outlasts any collective timeout)."""
+                 log: Callable[[str], None] = print) -> Any:
+    """The run's teacher (None without distillation, ``--opd-coef 0``). ``--teacher URL`` is a
+    served one. ``--teacher auto`` is built once per machine, by its local rank 0, while the
+    machine's other ranks wait for the cache (on the filesystem: a build outlasts any collective
+    timeout)."""
     from agents.models import check_same_vocab, load
 
     if cfg.opd_coef <= 0:
         return None
+    from memopd.learn.remote_teacher import RemoteTeacher, is_url
+
+    if is_url(cfg.teacher):
+        return RemoteTeacher(cfg.teacher, student_tokenizer, k=cfg.opd_topk, served_model=cfg.teacher_model,
+                             concurrency=cfg.teacher_concurrency, retries=cfg.teacher_retries,
+                             timeout_s=cfg.teacher_timeout)
     if cfg.teacher == "auto" and world.local_rank != 0:
         while not (default_teacher_dir(cfg) / "config.json").is_file():
             time.sleep(2.0)
@@ -111,4 +122,4 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
     return LocalTeacher(model, tokenizer, **kw)
 
 
-__all__ = ["LocalTeacher", "ShardedTeacher", "Teacher", "load_teacher"]
+__all__ = ["LocalTeacher", "ShardedTeacher", "Teacher", "TeacherScores", "load_teacher"]

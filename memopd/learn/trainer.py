@@ -182,9 +182,11 @@ class Trainer:
         batch = pack_episodes(local, cfg.pack_tokens, mode="aligned", teacher_roles=self._teacher_roles(),
                               pad_token_id=pad_id(self.tokenizer))
         adv = compute_advantages(cfg, batch, episodes, own, world, self.ref, self.critic_fwd)
-        teacher = self.teacher.score(local, batch) if self.teacher is not None else None
-        inputs = self.updater.prepare(batch, teacher, any(p.needs_trainer_logprobs for p in self.plugins))
-        weights, plugin_stats = self.weigh(inputs, local, adv.weights)
+        scores = self.teacher.score(local, batch) if self.teacher is not None else None
+        inputs = self.updater.prepare(batch, scores, any(p.needs_trainer_logprobs for p in self.plugins))
+        weights, plugin_stats = self.weigh(inputs, local, adv.weights, scored=scores is not None)
+        if scores is not None:
+            plugin_stats.update(scores.metrics)
         stats, token_kl = self.updater.run(inputs, adv, weights, role_masks(batch, local))
         if world.enabled:  # rollouts, evaluations and audits sample from the updated weights
             distributed.sync_twin(self.student, self.twin)
@@ -200,7 +202,7 @@ class Trainer:
         """The actor's episodes of this step (every rank's), without any plugin's rollout changes."""
         return self.actor.rollout(self.step).episodes
 
-    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], ppo_weights: torch.Tensor
+    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], ppo_weights: torch.Tensor, scored: bool = True
               ) -> tuple[LossWeights, dict[str, float]]:
         """The loss weights of the step: the trajectory weights and the teacher mask, then every
         plugin's changes in order; and the plugins' metrics."""
@@ -209,7 +211,7 @@ class Trainer:
         lags = torch.tensor([float(self.step - max((i.policy_version for i in e.invocations), default=self.step))
                              for e in local])  # policy versions between each sample's and the one trained
         ctx = WeighContext(self.step, self._progress(), batch, local, lags, self.world, inputs.minibatches,
-                           inputs.teacher_states, inputs.teacher_logp, inputs.trainer_logp, self._student_states)
+                           inputs.teacher_states, inputs.teacher_logp, inputs.trainer_logp, self._student_states, scored)
         self.student.eval()  # what a plugin reads of the student is the policy before the update
         stats: dict[str, float] = {}
         for plugin in self.plugins:
@@ -423,7 +425,10 @@ class Trainer:
             distributed.publish_twin(self.twin, self.student, self.world)
         if cfg.ref_beta > 0:
             self.ref = copy.deepcopy(self.twin).requires_grad_(False)
-        if self.teacher is not None:
+        if self.teacher is not None and self.teacher.model is None:
+            self.log(f"teacher: served at {self.cfg.teacher} (not evaluated here; evaluate it with memopd.eval "
+                     "--backend openai)")
+        elif self.teacher is not None:
             # on hf: a second in-process vLLM engine would tear down the student engine's state when freed
             judge = Actor(dataclasses.replace(cfg, backend="hf"), self.teacher.model, self.teacher.tokenizer,
                           self.world)

