@@ -70,23 +70,25 @@ class RemoteTeacher:
 
     # -- the start-up probe -----------------------------------------------------------------------
     def probe(self) -> None:
-        """The served model tokenizes as the records do and returns finite log-probs of a prompt."""
+        """The served model tokenizes a probe text as the student's tokenizer does (the server sends
+        back the actual token of every prompt position with its log-prob) and scores it finitely."""
         from agents.backends.openai import OpenAIBackendError
 
-        mine = self.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+        mine = list(self.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
         try:
-            theirs = self.server.request("/tokenize", {"model": self.server.model, "prompt": PROBE_TEXT,
-                                                       "add_special_tokens": False}).get("tokens")
-            scored = self._score_call(list(mine), 0)
-        except OpenAIBackendError as exc:
+            rows = self._score_call(PROBE_TEXT, 0)
+        except (OpenAIBackendError, RemoteTeacherError) as exc:
             raise ConfigError(f"--teacher {self.url}: the probe failed: {exc}") from None
-        if theirs is not None and list(theirs) != list(mine):
+        # the actual token of positions 1..; the server may put special tokens (BOS) before the text's
+        theirs = [next(iter(r)) if len(r) == 1 else None for r in rows[1:]]
+        if len(theirs) < len(mine) - 1 or theirs[len(theirs) - len(mine) + 1:] != mine[1:]:
             raise ConfigError(f"--teacher {self.url}: the served model {self.server.model!r} tokenizes a probe text "
-                              f"as {list(theirs)[:8]}..., the student's tokenizer as {list(mine)[:8]}...; the teacher "
-                              "must share the student's tokenizer (serve a model of the same family)")
-        if len(scored) != len(mine) or not all(all(v == v for v in e.values()) for e in scored[1:]):
-            raise ConfigError(f"--teacher {self.url}: the server returned no usable prompt log-probs; serve it with "
-                              "vLLM, whose completions API returns prompt_logprobs")
+                              f"as [..., {theirs[-len(mine) + 1:][:8]}...], the student's tokenizer as {mine[1:9]}...; the "
+                              "teacher must "
+                              "share the student's tokenizer (serve a model of the same family)")
+        if not all(v == v and v <= 0 for r in rows[1:] for v in r.values()):
+            raise ConfigError(f"--teacher {self.url}: the server returned log-probs that are not finite and <= 0 "
+                              f"for a probe prompt: {rows[1:4]}")
 
     # -- scoring --------------------------------------------------------------------------------
     def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
@@ -134,14 +136,14 @@ class RemoteTeacher:
                                      "on; a server scores positions 0.. only: use a local teacher for such records")
         return self._score_call(tokens, self.k)
 
-    def _score_call(self, tokens: list[int], k: int) -> list[dict[int, float]]:
+    def _score_call(self, tokens: list[int] | str, k: int) -> list[dict[int, float]]:
         """Per prompt position, {token id: log-prob} of the k most likely tokens and the actual one
-        (position 0: empty)."""
+        (position 0: empty); ``tokens`` as ids (or a text, tokenized by the server: the probe)."""
         body = {"model": self.server.model, "prompt": tokens, "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": k}
         answer = self.server.request("/completions", body)
         rows = (answer.get("choices") or [{}])[0].get("prompt_logprobs")
-        if rows is None or len(rows) != len(tokens):
+        if rows is None or (not isinstance(tokens, str) and len(rows) != len(tokens)):
             raise RemoteTeacherError(f"the teacher at {self.url} returned no prompt_logprobs for a {len(tokens)}-token "
                                      "prompt; serve it with vLLM (its completions API returns them)")
         return [{} if row is None else {int(tok): float(v["logprob"] if isinstance(v, dict) else v)
