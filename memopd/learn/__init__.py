@@ -6,6 +6,7 @@
     actor.py      the rollout worker (built through agents.backends.factory)
     advantage.py  rewards, trajectory weights, cut episodes, GRPO / GAE
     teacher.py    the Teacher interface: local and FSDP-sharded teachers
+    remote_teacher.py  a teacher behind a stock vllm serve (--teacher URL)
     update.py     the PPO + OPD epochs, scales, clipping, rollout/trainer mismatch
     plugin.py     the plugin interface: rollout, loss weights, end of step, options, state
     state.py      the typed train state a checkpoint keeps
