@@ -145,6 +145,38 @@ def test_the_trainer_optimises_the_adapters_only_and_the_audit_is_exact(tmp_path
     assert not torch.allclose(trainer.twin(torch.tensor([[1, 2, 3]])).logits, base_logits)  # adapters act
 
 
+def test_the_last_layer_shortcut_and_gradient_checkpointing_run_the_adapters():
+    from memopd import attention, last_layer
+    from memopd.packing import pack_episodes
+    from memopd.runtime import prepare_model
+    from memopd.sft import SFTConfig
+
+    model = prepare_model(load("tiny")[0], SFTConfig(lora_r=4))
+    _nudge(model)
+    batch = pack_episodes(_episodes(2), 1024, mode="aligned")
+    assert last_layer.supported(attention.base_model(model))  # the peft layers keep the decoder layer's shape
+    windows = attention.effective_windows(model, batch)
+    model.train()
+    runs = []
+    for gathered, ckpt in [(False, False), (True, False), (False, True)]:
+        m = model
+        if ckpt:
+            m = prepare_model(load("tiny")[0], SFTConfig(lora_r=4, gradient_checkpointing=True))
+            m.load_state_dict(model.state_dict())
+            m.train()
+        m.zero_grad()
+        h = attention._packed_hidden(m, batch, "blocks", windows, gathered=gathered)
+        (h.double().pow(2).sum() + h[::3].sum()).backward()
+        grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+        runs.append((h.detach(), grads))
+    (h0, g0) = runs[0]
+    assert g0 and all("lora_" in n for n in g0)  # gradients reach the adapters only
+    for h, g in runs[1:]:
+        assert (h - h0).abs().max().item() <= 1e-4 and g.keys() == g0.keys()
+        for n in g0:
+            assert (g[n] - g0[n]).abs().max().item() <= 1e-5 * (1.0 + g0[n].abs().max().item()), n
+
+
 # ------------------------------------------------------------------------------------------------
 # the reference: the base with adapters off
 # ------------------------------------------------------------------------------------------------
