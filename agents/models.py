@@ -8,6 +8,8 @@ A spec is one of:
 - a training run directory of ``memopd.train`` (its final ``model/``, else its latest checkpoint)
   or one of its ``checkpoints/step-N`` directories (the run's ``config.toml`` names the base model
   that gives the architecture and the tokenizer; the checkpoint gives the weights);
+- a LoRA adapter directory (``adapter_config.json`` and ``base_model.json``, as ``memopd.export
+  --adapter-only`` or a LoRA run's ``adapter/`` holds): its base model with the adapters merged in;
 - a ``.gguf`` file (transformers' gguf support; dequantised once, then cached as safetensors);
 - a Hugging Face hub id ``org/name`` (needs network access to the hub).
 
@@ -51,8 +53,10 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
 
 
 def load(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-         cache_dir: str | os.PathLike | None = None) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for ``spec`` (see the module docstring), in eval mode.
+         cache_dir: str | os.PathLike | None = None, merge_adapters: bool = True) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for ``spec`` (see the module docstring), in eval mode. A LoRA
+    run, checkpoint or adapter directory gives its merged model; with ``merge_adapters=False`` the
+    base model carrying the adapters (:mod:`agents.lora`), e.g. to write them out again.
 
     Raises:
         ModelLoadError: unknown preset, corrupt weights, a tokenizer larger than the model's
@@ -72,8 +76,12 @@ def load(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device:
         path = _ensure_gguf_converted(gguf, root)
     elif Path(s).expanduser().is_dir():
         path = Path(s).expanduser()
+        from agents.lora import is_adapter_dir
+
+        if is_adapter_dir(path):
+            return _load_adapter_dir(path, dtype=dtype, device=device, cache_dir=root, merge=merge_adapters)
         if not (path / "config.json").is_file():
-            return _load_training_output(path, dtype=dtype, device=device, cache_dir=root)
+            return _load_training_output(path, dtype=dtype, device=device, cache_dir=root, merge=merge_adapters)
     elif Path(s).expanduser().exists():
         raise ModelLoadError(f"{s} is a file; expected a model directory (with config.json) or a .gguf file")
     elif s.startswith((".", "/", "~")) or "\\" in s or s.count("/") > 1:
@@ -154,6 +162,8 @@ def smollm2_gguf(cache: str | os.PathLike | None = None) -> Path:
 
 RUN_MODEL_DIR = "model"
 """Where a training run keeps its final model, a standard transformers directory."""
+RUN_ADAPTER_DIR = "adapter"
+"""Where a LoRA training run keeps its final adapters, an adapter directory (:mod:`agents.lora`)."""
 CHECKPOINT_WEIGHTS = "student.safetensors"
 SHARDED_CHECKPOINT = "dcp"
 """A checkpoint written by several ranks holds the student as a Distributed Checkpoint here."""
@@ -177,12 +187,33 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return done[-1] if done else None
 
 
+def _load_adapter_dir(path: Path, *, dtype: torch.dtype, device: str | torch.device, cache_dir: Path,
+                      merge: bool = True) -> tuple[Any, Any]:
+    """An adapter directory: its base model (``base_model.json``) with its adapters."""
+    from agents.lora import LoRAError, adapter_base, load_adapters
+
+    try:
+        base = adapter_base(path)
+        model, tokenizer = load(base, dtype=torch.float32, device="cpu", cache_dir=cache_dir)
+        model = load_adapters(model, path, merge=merge)
+    except (ModelLoadError, FileNotFoundError, LoRAError, OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{path}: an adapter directory whose base model or adapters cannot be loaded: {exc}"
+                             ) from None
+    if any((path / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = _load_tokenizer(path)
+    return _finish(model, tokenizer, dtype=dtype, device=device, what=str(path))
+
+
 def _load_training_output(path: Path, *, dtype: torch.dtype, device: str | torch.device,
-                          cache_dir: Path) -> tuple[Any, Any]:
+                          cache_dir: Path, merge: bool = True) -> tuple[Any, Any]:
     """A run directory (final model, else latest checkpoint) or a ``checkpoints/step-N`` directory."""
     if is_checkpoint_dir(path):
-        return _load_checkpoint(path, path.parent.parent, dtype=dtype, device=device, cache_dir=cache_dir)
+        return _load_checkpoint(path, path.parent.parent, dtype=dtype, device=device, cache_dir=cache_dir,
+                                merge=merge)
     if (path / "config.toml").is_file():
+        if not merge and (path / RUN_ADAPTER_DIR / "adapter_config.json").is_file():
+            return _load_adapter_dir(path / RUN_ADAPTER_DIR, dtype=dtype, device=device, cache_dir=cache_dir,
+                                     merge=False)
         final = path / RUN_MODEL_DIR
         if (final / "config.json").is_file():
             return _finish(*_load_dir(final), dtype=dtype, device=device, what=str(path))
@@ -190,14 +221,16 @@ def _load_training_output(path: Path, *, dtype: torch.dtype, device: str | torch
         if ckpt is None:
             raise ModelLoadError(f"{path} is a training run directory with no final model ({RUN_MODEL_DIR}/) and no "
                                  "checkpoint yet; wait for its first checkpoint or pass another model")
-        return _load_checkpoint(ckpt, path, dtype=dtype, device=device, cache_dir=cache_dir)
+        return _load_checkpoint(ckpt, path, dtype=dtype, device=device, cache_dir=cache_dir, merge=merge)
     raise ModelLoadError(f"{path} has no config.json; expected a transformers model directory, a training run "
                          "directory (with config.toml) or one of its checkpoints/step-N directories")
 
 
 def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: str | torch.device,
-                     cache_dir: Path) -> tuple[Any, Any]:
-    """The run's base model (``model`` in its ``config.toml``) with the checkpoint's student weights."""
+                     cache_dir: Path, merge: bool = True) -> tuple[Any, Any]:
+    """The run's base model (``model`` in its ``config.toml``) with the checkpoint's student weights;
+    a LoRA run's (``lora_r`` > 0: the checkpoint holds the adapters only) has the adapters of its
+    ``lora_*`` settings injected first, and merged unless ``merge`` is False."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
@@ -206,7 +239,8 @@ def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: s
 
     cfg_file = run_dir / "config.toml"
     try:
-        base = tomllib.loads(cfg_file.read_text(encoding="utf-8")).get("model")
+        run_cfg = tomllib.loads(cfg_file.read_text(encoding="utf-8"))
+        base = run_cfg.get("model")
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ModelLoadError(f"{ckpt} is a checkpoint, but its run's {cfg_file} is unreadable ({exc}); it names "
                              "the base model the checkpoint's weights belong to") from None
@@ -216,6 +250,16 @@ def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: s
         model, tokenizer = load(base, dtype=torch.float32, device="cpu", cache_dir=cache_dir)
     except (ModelLoadError, FileNotFoundError) as exc:
         raise ModelLoadError(f"{ckpt}: its base model {base!r} (from {cfg_file}) cannot be loaded: {exc}") from None
+    lora = bool(run_cfg.get("lora_r", 0))
+    if lora:
+        from agents.lora import DEFAULT_TARGETS, LoRAError, apply_lora
+
+        try:
+            apply_lora(model, int(run_cfg["lora_r"]), float(run_cfg.get("lora_alpha", 16.0)),
+                       float(run_cfg.get("lora_dropout", 0.0)), run_cfg.get("lora_targets", list(DEFAULT_TARGETS)),
+                       base=base)
+        except LoRAError as exc:
+            raise ModelLoadError(f"{ckpt}: a LoRA run's checkpoint: {exc}") from None
     try:
         state = (_read_sharded_student(ckpt / SHARDED_CHECKPOINT, model) if not (ckpt / CHECKPOINT_WEIGHTS).is_file()
                  else load_file(str(ckpt / CHECKPOINT_WEIGHTS)))
@@ -223,12 +267,19 @@ def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: s
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise  # noqa: BLE001 - truncated files raise several types
         raise ModelLoadError(f"{ckpt}: its weights are unreadable ({exc}); try an older checkpoint") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if lora:
+        from agents.lora import load_adapter_state, merged_copy
+
+        missing, unexpected = load_adapter_state(model, state)
+        if merge:
+            model = merged_copy(model)
+    else:
+        missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if "lm_head" not in m]  # a tied head may be absent
     if missing or unexpected:
         raise ModelLoadError(f"{ckpt}: weights do not match the base model {base!r} (missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]})")
-    if getattr(model.config, "tie_word_embeddings", False):
+    if getattr(model.config, "tie_word_embeddings", False) and not lora:
         model.tie_weights()
     return _finish(model, tokenizer, dtype=dtype, device=device, what=str(ckpt))
 
@@ -238,7 +289,10 @@ def _read_sharded_student(dcp_dir: Path, model: Any) -> dict[str, torch.Tensor]:
     joins the shards of every rank that wrote it)."""
     import torch.distributed.checkpoint as dcp
 
-    state = {"student": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    from agents.lora import adapter_state, has_adapters
+
+    own = adapter_state(model) if has_adapters(model) else model.state_dict()  # LoRA: only adapters were saved
+    state = {"student": {k: v.detach().clone() for k, v in own.items()}}
     with warnings.catch_warnings():  # one process: DCP says it assumes so
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(dcp_dir), no_dist=not torch.distributed.is_initialized())

@@ -493,8 +493,9 @@ class ShardedState:
     ``dcp.load(sd, ...)``, ``state.load_state_dict(sd)``."""
 
     def __init__(self, models: Mapping[str, torch.nn.Module],
-                 optimizers: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer]]):
+                 optimizers: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer]], trainable_only: bool = False):
         self.models, self.optimizers = dict(models), dict(optimizers)
+        self.trainable_only = trainable_only  # LoRA: the frozen base is rebuilt from --model, not saved
 
     def state_dict(self, optimizers: Iterable[str] | None = None) -> dict[str, Any]:
         """Models and the ``optimizers`` named (default: those holding state). An optimizer that has
@@ -504,15 +505,20 @@ class ShardedState:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         names = [k for k, (_, o) in self.optimizers.items() if o.state] if optimizers is None else list(optimizers)
-        out: dict[str, Any] = {k: get_model_state_dict(m) for k, m in self.models.items()}
+        out: dict[str, Any] = {k: get_model_state_dict(m, options=self._options()) for k, m in self.models.items()}
         out.update({k: get_optimizer_state_dict(*self.optimizers[k]) for k in names})
         return out
+
+    def _options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=True, strict=False) if self.trainable_only else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         for k, m in self.models.items():
-            set_model_state_dict(m, state[k])
+            set_model_state_dict(m, state[k], options=self._options())
         for k, (m, o) in self.optimizers.items():
             if k in state:
                 set_optimizer_state_dict(m, o, state[k])

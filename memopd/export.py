@@ -10,6 +10,16 @@ a preset or a ``.gguf`` file. The output is written aside and renamed into place
 leaves nothing half-written; it loads with ``transformers.AutoModelForCausalLM.from_pretrained``
 and with ``--model`` of every memopd CLI. ``--dtype bfloat16`` halves the files (SmolLM2-135M: 538
 MB -> 269 MB); the weights are then rounded to bf16, and memopd loads them back as fp32.
+
+A LoRA run (``--lora-r``) or one of its checkpoints exports as the merged model (the adapters
+added into the weights, peft's ``merge_and_unload``), or with ``--adapter-only`` as an adapter
+directory: the adapters as peft writes them (``adapter_config.json``,
+``adapter_model.safetensors``), the tokenizer and ``base_model.json`` naming the base model spec.
+``peft.PeftModel.from_pretrained(base, OUT)`` loads it, and so does ``--model OUT`` of every memopd
+CLI (the base, then the adapters, merged).
+
+    python -m memopd.export runs/train/<lora-run> --out models/student-merged
+    python -m memopd.export runs/train/<lora-run> --out models/student-adapter --adapter-only
 """
 
 from __future__ import annotations
@@ -26,9 +36,10 @@ EXPORT_DTYPES = ("float32", "bfloat16")
 
 
 def export(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
-           dtype: str = "float32") -> Path:
-    """Load ``src`` and save it to ``out`` (model + tokenizer) in ``dtype``, atomically. An existing
-    non-empty ``out`` is replaced only with ``overwrite``."""
+           dtype: str = "float32", adapter_only: bool = False) -> Path:
+    """Load ``src`` and save it to ``out`` (model + tokenizer) in ``dtype``, atomically; with
+    ``adapter_only`` (a LoRA ``src``) its adapter directory instead. An existing non-empty ``out``
+    is replaced only with ``overwrite``."""
     import torch
 
     from agents.models import load, save_pretrained
@@ -39,6 +50,14 @@ def export(src: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = 
     out = Path(out)
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise CLIError(f"--out {out} already exists and is not empty; choose another --out or pass --overwrite")
+    if adapter_only:
+        from agents.lora import AdapterWriter, has_adapters
+
+        model, tokenizer = load(src, dtype=getattr(torch, dtype), merge_adapters=False)
+        if not has_adapters(model):
+            raise CLIError(f"--adapter-only: {src} holds no LoRA adapters (it was not trained with --lora-r); "
+                           "export it without --adapter-only")
+        return save_pretrained(out, AdapterWriter(model), tokenizer)
     model, tokenizer = load(src, dtype=getattr(torch, dtype))
     return save_pretrained(out, model, tokenizer)
 
@@ -53,10 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     ap.add_argument("--dtype", default="float32", choices=EXPORT_DTYPES,
                     help="dtype of the saved weights (bfloat16: half the size, weights rounded)")
+    ap.add_argument("--adapter-only", action="store_true",
+                    help="a LoRA run or checkpoint: write its adapter directory (adapters, tokenizer, the base model's "
+                         "name) instead of the merged model")
     args = ap.parse_args(argv)
 
     def _main() -> int:
-        path = export(args.src, args.out, overwrite=args.overwrite, dtype=args.dtype)
+        path = export(args.src, args.out, overwrite=args.overwrite, dtype=args.dtype, adapter_only=args.adapter_only)
         print(f"exported {args.src} to {path}", file=sys.stderr)
         return 0
 

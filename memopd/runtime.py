@@ -22,7 +22,13 @@ def set_threads(threads: int | None) -> None:
 
 
 def prepare_model(model: Any, options: TrainingOptions) -> Any:
-    """Apply the memory options of ``options`` to a model about to be trained; returns it."""
+    """Apply the LoRA options (``--lora-r`` > 0: adapters injected in place, the rest frozen; see
+    :mod:`memopd.learn.lora`) and the memory options of ``options`` to a model about to be
+    trained; returns it."""
+    if getattr(options, "lora_r", 0):
+        from memopd.learn.lora import apply
+
+        apply(model, options)
     if options.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ConfigError(f"--gradient-checkpointing: {type(model).__name__} does not support it")

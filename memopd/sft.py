@@ -27,13 +27,14 @@ from agents.records import Episode, load_episodes
 from memgym.cli import run_main
 from memopd import config as cfgmod
 from memopd.config import LR_SCHEDULES, ConfigError, TrainingOptions, field
+from memopd.learn.lora import LoRAOptions, lora_on, trainable_parameters
 from memopd.runtime import compute_dtype, lr_lambda, prepare_model, set_threads
 from memopd.packing import fitting_budget, pack_episodes
 from memopd.scoring import action_states, token_logprobs
 
 
 @dataclass
-class SFTConfig(TrainingOptions):
+class SFTConfig(LoRAOptions, TrainingOptions):
     """Supervised fine-tuning on recorded episodes. Every field is a flag: ``batch_episodes`` ->
     ``--batch-episodes``; the options shared with ``memopd.train`` mean the same in both."""
 
@@ -105,7 +106,8 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
     if not episodes:
         raise ValueError("SFT needs at least one episode")
     rng = random.Random(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    params = trainable_parameters(model)  # a LoRA model: its adapters only
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
     model.train()
@@ -125,7 +127,7 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
             raise FloatingPointError(f"SFT loss is {loss.item()} at step {step}; lower --lr")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         opt.step()
         sched.step()
         dt = time.perf_counter() - t0
@@ -185,7 +187,12 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with compute_dtype(cfg.dtype, cfg.device):
         history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress)
-    save_pretrained(out, model, tokenizer, files={
+    extra = []
+    if lora_on(cfg):  # the merged model in --out (loads anywhere), the adapters in --out/adapter
+        from agents.lora import AdapterWriter, merged_copy
+
+        extra, model = [AdapterWriter(model, "adapter")], merged_copy(model)
+    save_pretrained(out, model, tokenizer, *extra, files={
         "sft_config.json": json.dumps(dataclasses.asdict(cfg), indent=2),
         "sft_metrics.jsonl": "".join(json.dumps(r) + "\n" for r in history)})
     print(f"SFT done: final loss {history[-1]['loss']:.4f}; model saved to {out}", file=sys.stderr)

@@ -59,7 +59,9 @@ def model_dir(model: Any, tokenizer: Any) -> Path:
         return src
     out = Path(tempfile.mkdtemp(prefix="memopd-vllm-"))
     atexit.register(shutil.rmtree, out, True)  # the engine reads it at start; gone when the process ends
-    model.save_pretrained(out)
+    from agents.lora import merged_copy
+
+    merged_copy(model).save_pretrained(out)  # a LoRA student: its adapters merged into plain weights
     tokenizer.save_pretrained(out)
     return out
 
@@ -208,8 +210,12 @@ class VLLMBackend(Backend):
     # ------------------------------------------------------------------ weights
     def load_weights(self, model: Any) -> None:
         """Copy a transformers model's weights into the live engine, in memory. The caller bumps
-        ``policy_version``."""
-        self.load_named_weights((k, v.detach()) for k, v in model.state_dict().items())
+        ``policy_version``. A model with LoRA adapters (:mod:`agents.lora`) is pushed as its merged
+        weights (W + B A alpha / r under the base names): the engine serves plain weights, and a
+        sync costs one merge (a matmul per adapted layer) plus the same full copy as without LoRA."""
+        from agents.lora import merged_state_dict
+
+        self.load_named_weights((k, v.detach()) for k, v in merged_state_dict(model).items())
 
     def load_named_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Copy ``(transformers name, tensor)`` pairs into the engine through vLLM's in-place

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from agents.lora import adapters_off
 from agents.records import ROLES, Episode
 from memopd import distributed, losses
 from memopd.packing import PackedBatch
@@ -90,7 +91,7 @@ def compute_advantages(cfg: Any, batch: PackedBatch, episodes: Sequence[Episode]
                                                    dtype=torch.bool), 0.0)
     penalty = None
     if ref is not None and cfg.ref_beta > 0:
-        with torch.no_grad():
+        with torch.no_grad(), adapters_off(ref):  # a LoRA student as its own reference: the base model
             ref_lp, _, _ = token_logprobs(action_states(ref, batch, lowering=cfg.attn), batch.action_ids)
         penalty = losses.penalised_rewards(rewards, batch.old_logprobs, ref_lp, cfg.ref_beta)
     if cfg.advantage == "gae":

@@ -12,6 +12,7 @@ from agents.registry import agent_names as _agent_names
 from memopd import distributed, losses
 from memopd.config import ConfigError, TrainingOptions, field
 from memopd.estimators import ESTIMATORS, SAMPLED_KINDS
+from memopd.learn.lora import LoRAOptions
 from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.plugins.async_ray import AsyncOptions
 from memopd.plugins.freshness import FreshnessOptions
@@ -130,7 +131,8 @@ class ObjectiveOptions:
                               choices=("both", "memory", "answer"))
     entropy_coef: float = field(0.0, help="alpha: entropy bonus", range=(0.0, None))
     ref_beta: float = field(0.0, help="beta: reward penalty beta * [logp_old - logp_ref]_+ against the "
-                                      "frozen initial student", range=(0.0, None))
+                                      "frozen initial student (with --lora-r: the base model, the student with "
+                                      "its adapters off; no second copy)", range=(0.0, None))
     clip_eps: float = field(0.2, help="PPO ratio clip", range=(0.0, 1.0))
     gamma: float = field(1.0, help="GAE discount", range=(0.0, 1.0))
     lam: float = field(1.0, help="GAE lambda", range=(0.0, 1.0))
@@ -257,7 +259,7 @@ class PluginOptions:
 
 @dataclass
 class TrainConfig(PluginOptions, AsyncOptions, StalenessOptions, PruneOPDOptions, FreshnessOptions, TurnOPDOptions,
-                  LoggingOptions, ParallelOptions, UpdateOptions, ServedTeacherOptions, ObjectiveOptions,
+                  LoggingOptions, ParallelOptions, LoRAOptions, UpdateOptions, ServedTeacherOptions, ObjectiveOptions,
                   RolloutOptions, RunOptions,
                   TrainingOptions):
     """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``; the

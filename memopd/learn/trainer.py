@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from agents.models import RUN_MODEL_DIR
+from agents.models import RUN_ADAPTER_DIR, RUN_MODEL_DIR
 from agents.records import ROLES, Episode, save_episodes
 from memopd import checkpoint, distributed
 from memopd import config as cfgmod
@@ -34,6 +34,7 @@ from memopd.config import ConfigError
 from memopd.learn.actor import Actor, Rollout, RolloutLimits
 from memopd.learn.advantage import compute_advantages, episode_rewards, role_masks
 from memopd.learn.env_check import check_env, check_env_settings
+from memopd.learn.lora import checkpoint_view, lora_on, trainable_parameters
 from memopd.learn.models import Critic, pad_id, resolve_defaults, warm_start_student
 from memopd.learn.options import TrainConfig
 from memopd.learn.plugin import (LossWeights, Plugin, PluginContext, RolloutFn, StepResult, TrainingError,
@@ -85,10 +86,12 @@ class Trainer:
         self.actor = Actor(cfg, self.twin, self.tokenizer, self.world)
         self.plugins = self._make_plugins()
         self.collect = self._rollout_chain()
-        opt = torch.optim.AdamW(self.student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # a LoRA student: the adapters only (a full-weight one: every parameter, as parameters() lists them)
+        opt = torch.optim.AdamW(trainable_parameters(self.student), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps,
                                                                  cfg.lr_floor))
-        critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr) if self.critic is not None else None
+        critic_opt = (torch.optim.AdamW(trainable_parameters(self.critic), lr=cfg.critic_lr)
+                      if self.critic is not None else None)
         self.updater = PPOUpdate(cfg, self.world, self.student, self._student_states, opt, sched, self.critic,
                                  self.critic_fwd, critic_opt)
         self.audit = (RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn, strict=False,
@@ -309,11 +312,20 @@ class Trainer:
                 self.logger.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def modules(self) -> dict[str, torch.nn.Module]:
-        mods = {"student": self.student}
+    def _make_ref(self) -> None:
+        """The ``--ref-beta`` reference: a frozen copy of the student as it starts; with LoRA the
+        student itself, read with its adapters off (the base model: no second copy, nothing to
+        checkpoint)."""
+        if self.cfg.ref_beta <= 0:
+            return
+        self.ref = self.twin if lora_on(self.cfg) else copy.deepcopy(self.twin).requires_grad_(False)
+
+    def modules(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the models, each as its trainable tensors only under LoRA."""
+        mods = {"student": checkpoint_view(self.student)}
         if self.critic is not None:
-            mods["critic"] = self.critic
-        if self.ref is not None:
+            mods["critic"] = checkpoint_view(self.critic)
+        if self.ref is not None and not lora_on(self.cfg):
             mods["ref"] = self.ref
         return mods
 
@@ -338,7 +350,8 @@ class Trainer:
         optimizers = {"optimizer": (self.student, self.updater.opt)}
         if self.updater.critic_opt is not None:
             optimizers["critic_optimizer"] = (self.critic, self.updater.critic_opt)
-        return distributed.ShardedState(self.modules(), optimizers)
+        models = {k: getattr(m, "module", m) for k, m in self.modules().items()}
+        return distributed.ShardedState(models, optimizers, trainable_only=lora_on(self.cfg))
 
     def log_row(self, metrics: dict[str, Any], save: bool = False) -> None:
         """Record a metrics row of the current step; with ``save``, checkpoint first (row included)."""
@@ -351,8 +364,7 @@ class Trainer:
         """Continue from the newest complete checkpoint, written by one process (safetensors) or
         by any number of ranks (sharded), at this run's world size; also one written before the
         learner's components (:class:`memopd.learn.state.TrainState` reads both layouts)."""
-        if self.cfg.ref_beta > 0:
-            self.ref = copy.deepcopy(self.twin).requires_grad_(False)
+        self._make_ref()
         whole = {k: distributed.FullState(m) if self.world.enabled and k != "ref" else m
                  for k, m in self.modules().items()}
         state, path = checkpoint.load_latest(self.run_dir, whole, self.sharded_state(), self.world.rank)
@@ -423,8 +435,7 @@ class Trainer:
         if self.fresh_student:  # on the whole weights; under torchrun rank 0's result goes to every rank
             warm_start_student(self.twin, self.tokenizer, cfg, self.log)
             distributed.publish_twin(self.twin, self.student, self.world)
-        if cfg.ref_beta > 0:
-            self.ref = copy.deepcopy(self.twin).requires_grad_(False)
+        self._make_ref()
         if self.teacher is not None and self.teacher.model is None:
             self.log(f"teacher: served at {self.cfg.teacher} (not evaluated here; evaluate it with memopd.eval "
                      "--backend openai)")
@@ -521,10 +532,16 @@ class Trainer:
 
     def export_final(self) -> Path:
         """The student as a standard transformers directory (weights + tokenizer), ``RUN_DIR/model``
-        (under torchrun the whole weights, as the rollouts use them)."""
+        (under torchrun the whole weights, as the rollouts use them); with LoRA the merged model,
+        and the adapter directory in ``RUN_DIR/adapter``."""
         from agents.models import save_pretrained
 
-        return save_pretrained(self.run_dir / RUN_MODEL_DIR, self.twin, self.tokenizer)
+        if not lora_on(self.cfg):
+            return save_pretrained(self.run_dir / RUN_MODEL_DIR, self.twin, self.tokenizer)
+        from agents.lora import AdapterWriter, merged_copy
+
+        save_pretrained(self.run_dir / RUN_ADAPTER_DIR, AdapterWriter(self.twin), self.tokenizer)
+        return save_pretrained(self.run_dir / RUN_MODEL_DIR, merged_copy(self.twin), self.tokenizer)
 
 
 def _quiet(message: str) -> None:
