@@ -127,17 +127,22 @@ class PPOUpdate:
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
             for mb in inp.minibatches:
-                stats, div, logp = self._minibatch(mb, inp, adv, weights)
-                if trainer_logp is None:  # one minibatch: epoch 0 is the forward before any update
-                    trainer_logp = torch.zeros(batch.num_actions)
-                    trainer_logp[mb.action_uid] = logp.detach().float().cpu()
-                if div is not None:
-                    with torch.no_grad():
-                        if epoch == 0:  # as the student sampled them (before any update, with one minibatch)
-                            token_kl[mb.action_uid] = torch.where(mb.teacher, div.detach().float(), float("nan"))
-                        kl_parts["kl/all"].append(_sum_count(div.detach()[mb.teacher]))
-                        for r in ROLES:
-                            kl_parts[f"kl/{r}"].append(_sum_count(div.detach()[roles[r][mb.action_uid] & mb.teacher]))
+                stats, parts = self._minibatch(mb, inp, adv, weights)
+                for part, logp, div in parts:
+                    if trainer_logp is None or (epoch == 0 and len(inp.minibatches) == 1 and
+                                                inp.trainer_logp is None):
+                        # one minibatch: epoch 0 is the forward before any update
+                        trainer_logp = torch.zeros(batch.num_actions) if trainer_logp is None else trainer_logp
+                        trainer_logp[part.action_uid] = logp.detach().float().cpu()
+                    if div is not None:
+                        with torch.no_grad():
+                            if epoch == 0:  # as the student sampled them (before any update, with one minibatch)
+                                token_kl[part.action_uid] = torch.where(part.teacher, div.detach().float(),
+                                                                        float("nan"))
+                            kl_parts["kl/all"].append(_sum_count(div.detach()[part.teacher]))
+                            for r in ROLES:
+                                kl_parts[f"kl/{r}"].append(
+                                    _sum_count(div.detach()[roles[r][part.action_uid] & part.teacher]))
                 if stats is None:
                     skipped += 1
                     continue
@@ -156,14 +161,54 @@ class PPOUpdate:
         return out, token_kl
 
     def _minibatch(self, mb: PackedBatch, inp: UpdateInputs, adv: Advantages, weights: LossWeights
-                   ) -> tuple[dict[str, float] | None, torch.Tensor | None, torch.Tensor]:
-        """One optimizer step on a minibatch; its stats (each rank's part of the global value), or
-        None when a non-finite loss or gradient skipped it; its divergence and log-probs."""
+                   ) -> tuple[dict[str, float] | None, list[tuple[PackedBatch, torch.Tensor, torch.Tensor | None]]]:
+        """One optimizer step on a minibatch, its gradient accumulated over ``--micro-batch-rows``
+        row groups (each one's loss its share of the minibatch's masked means); its stats (each
+        rank's part of the global value), or None when a non-finite loss or gradient skipped it; and
+        each row group's log-probs and divergence."""
         cfg, world = self.cfg, self.world
         uid = mb.action_uid
         w, tmask = weights.ppo[uid], weights.opd[uid]
-        w_scale, t_scale = distributed.global_scales([float(w.sum()), float(tmask.sum())], world)
-        logp, ent, div = self._terms(mb, inp)
+        w_sum, t_sum = float(w.sum()), float(tmask.sum())
+        w_scale, t_scale = distributed.global_scales([w_sum, t_sum], world)
+        groups = mb.micro_batches(cfg.micro_batch_rows) if cfg.micro_batch_rows and mb.num_rows > 1 else [mb]
+        self.opt.zero_grad(set_to_none=True)
+        if self.critic_opt is not None:
+            self.critic_opt.zero_grad(set_to_none=True)
+        parts, sums = [], {}
+        for part in groups:
+            # the row group's share of the minibatch's normalisers (exactly 1 for one group)
+            w_share = float(weights.ppo[part.action_uid].sum()) / w_sum if len(groups) > 1 and w_sum > 0 else 1.0
+            t_share = float(weights.opd[part.action_uid].sum()) / t_sum if len(groups) > 1 and t_sum > 0 else 1.0
+            terms, logp, div = self._part_loss(part, inp, adv, weights, w_scale * w_share, t_scale * t_share)
+            parts.append((part, logp, div))
+            loss, vloss = terms["loss"], terms.get("value_loss")
+            if distributed.any_rank(not torch.isfinite(loss) or (vloss is not None and not torch.isfinite(vloss)),
+                                    world):
+                self._zero_grads()
+                return None, parts
+            (loss * world.size).backward()  # data-parallel gradients are averaged over ranks
+            if vloss is not None:
+                (cfg.vf_coef * vloss * world.size).backward()
+            for k, v in terms.items():
+                sums[k] = sums.get(k, 0.0) + (v.item() if torch.is_tensor(v) else v)
+        gnorm = distributed.clip_gradients(self.student.parameters(), cfg.max_grad_norm, world)
+        if not torch.isfinite(gnorm):
+            self._zero_grads()
+            return None, parts
+        self.opt.step()
+        if self.critic is not None:
+            distributed.clip_gradients(self.critic.parameters(), cfg.max_grad_norm, world)
+            self.critic_opt.step()
+        totals = distributed.all_sum(list(sums.values()), world)
+        return {**dict(zip(sums, totals)), "grad_norm": float(gnorm)}, parts
+
+    def _part_loss(self, part: PackedBatch, inp: UpdateInputs, adv: Advantages, weights: LossWeights,
+                   w_scale: float, t_scale: float) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor | None]:
+        """The loss terms of a row group, each its part of the minibatch's (and every rank's) mean."""
+        cfg, uid = self.cfg, part.action_uid
+        w, tmask = weights.ppo[uid], weights.opd[uid]
+        logp, ent, div = self._terms(part, inp)
         if cfg.reward != "none" or (self._kl_advantage() and inp.teacher_sampled is not None):
             pg, pg_stats = losses.ppo_policy_loss(logp, inp.old_logp[uid], adv.advantages[uid], w, cfg.clip_eps,
                                                   None if inp.is_weights is None else inp.is_weights[uid])
@@ -173,30 +218,19 @@ class PPOUpdate:
         entropy = losses.masked_mean(ent, w) * w_scale
         opd = (losses.masked_mean(div, tmask) * t_scale if div is not None and not self._kl_advantage()
                else logp.sum() * 0.0)
-        loss = losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef)
-        vloss = None
+        terms: dict[str, Any] = {"loss": losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef),
+                                 "pg_loss": pg, "opd_loss": opd, "entropy": entropy,
+                                 "clip_frac": pg_stats["clip_frac"] * w_scale,
+                                 "approx_kl": pg_stats["approx_kl"] * w_scale}
         if self.critic is not None:
-            v = self.critic_fwd(mb, cfg.attn)
-            vloss = losses.value_loss(v, adv.values[uid], adv.returns[uid], w) * w_scale
+            v = self.critic_fwd(part, cfg.attn)
+            terms["value_loss"] = losses.value_loss(v, adv.values[uid], adv.returns[uid], w) * w_scale
+        return terms, logp, div
+
+    def _zero_grads(self) -> None:
         self.opt.zero_grad(set_to_none=True)
-        if distributed.any_rank(not torch.isfinite(loss) or (vloss is not None and not torch.isfinite(vloss)), world):
-            return None, div, logp
-        (loss * world.size).backward()  # data-parallel gradients are averaged over ranks
-        gnorm = distributed.clip_gradients(self.student.parameters(), cfg.max_grad_norm, world)
-        if not torch.isfinite(gnorm):
-            self.opt.zero_grad(set_to_none=True)
-            return None, div, logp
-        self.opt.step()
-        if vloss is not None:
+        if self.critic_opt is not None:
             self.critic_opt.zero_grad(set_to_none=True)
-            (cfg.vf_coef * vloss * world.size).backward()
-            distributed.clip_gradients(self.critic.parameters(), cfg.max_grad_norm, world)
-            self.critic_opt.step()
-        stats = {"loss": loss.item(), "pg_loss": pg.item(), "opd_loss": opd.item(), "entropy": entropy.item(),
-                 "clip_frac": pg_stats["clip_frac"] * w_scale, "approx_kl": pg_stats["approx_kl"] * w_scale,
-                 **({"value_loss": vloss.item()} if vloss is not None else {})}
-        totals = distributed.all_sum(list(stats.values()), world)
-        return {**dict(zip(stats, totals)), "grad_norm": float(gnorm)}, div, logp
 
     def _terms(self, mb: PackedBatch, inp: UpdateInputs
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
