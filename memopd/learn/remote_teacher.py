@@ -127,7 +127,8 @@ class RemoteTeacher:
         return TeacherScores(top=top, sampled=torch.tensor(sampled, dtype=torch.float32),
                              metrics={"teacher/remote_s": time.perf_counter() - t0,
                                       "teacher/requests": float(len(invs)),
-                                      "teacher/bytes_per_token": 8.0 * self.k + 4.0})
+                                      "teacher/bytes_per_token": 8.0 * self.k + 4.0})  # k ids and log-probs,
+        # and the sampled token's log-prob (what the estimators read; the JSON on the wire is larger)
 
     def _score_invocation(self, inv: Invocation) -> list[dict[int, float]]:
         tokens = list(inv.prompt_ids) + list(inv.response_ids)

@@ -106,7 +106,8 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
     from memopd.learn.remote_teacher import RemoteTeacher, is_url
 
     if is_url(cfg.teacher):
-        return RemoteTeacher(cfg.teacher, student_tokenizer, k=cfg.opd_topk, served_model=cfg.teacher_model,
+        k = cfg.opd_topk if cfg.opd_estimator == "topk" else 0  # the sampled estimator needs the action's only
+        return RemoteTeacher(cfg.teacher, student_tokenizer, k=k, served_model=cfg.teacher_model,
                              concurrency=cfg.teacher_concurrency, retries=cfg.teacher_retries,
                              timeout_s=cfg.teacher_timeout)
     if cfg.teacher == "auto" and world.local_rank != 0:
