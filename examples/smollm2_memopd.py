@@ -19,6 +19,8 @@ earlier invocation finished it, so a killed run resumes where it stopped):
               with gradient checkpointing (two trainers of a 135M model share the machine's memory):
                 ppo+memopd  PPO + OPD against the teacher, state-aligned (reverse KL)
                 ppo         PPO on the F1 reward alone (--opd-coef 0)
+              and, when asked for (--arms ppo+memopd,ppo+memopd-lora):
+                ppo+memopd-lora  ppo+memopd training LoRA adapters (rank 16) instead of every weight
               each arm is its own `python -m memopd.train` process, resumed with --resume after a kill
   4. export   the trained MemOPD student by `memopd.export`, evaluated by `memopd.eval --model <export>`
   5. report   results.json / results.md (teacher F1, student F1 before / after per arm, audit,
@@ -45,8 +47,14 @@ ENV_KWARGS = {"fact_style": "natural", "num_chunks": 2, "chunk_size": 64, "memor
 ARMS: dict[str, list[str]] = {
     "ppo+memopd": ["--opd-coef", "1.0", "--teacher-context", "aligned"],
     "ppo": ["--opd-coef", "0"],
+    # LoRA rank 16 on every attention and MLP projection; alpha 32 and 10x the full-weight learning
+    # rate, the usual LoRA setting (the adapters' update is scaled by alpha / r and starts at zero)
+    "ppo+memopd-lora": ["--opd-coef", "1.0", "--teacher-context", "aligned",
+                        "--lora-r", "16", "--lora-alpha", "32", "--lr", "5e-4"],
 }
-"""The flags that differ between arms; everything else is the same budget."""
+"""The flags that differ between arms (appended last, so they win); everything else is the same budget."""
+
+DEFAULT_ARMS = ("ppo+memopd", "ppo")
 
 
 @dataclasses.dataclass
@@ -85,8 +93,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--student", default="smollm2", help="student model (the teacher is fine-tuned from "
                                                          "--teacher-base); tiny presets for a fast CI run")
     ap.add_argument("--teacher-base", default="smollm2", help="model the teacher is fine-tuned from")
-    ap.add_argument("--seed", type=int, default=0, help="RL seed of both arms")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms out of {list(ARMS)}")
+    ap.add_argument("--seed", type=int, default=0, help="RL seed of the arms (seed N > 0 writes results-seed-N.* "
+                    "beside seed 0's results.*, sharing its teacher, audit and export)")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated arms out of {list(ARMS)}")
     ap.add_argument("--parallel-arms", action=argparse.BooleanOptionalAction, default=True,
                     help="run the arms side by side, one torch thread each (else one after another with --threads)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the stages run alone (on a busy "
@@ -103,6 +112,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                if getattr(args, f.name) is not None})
     args.arm_list = [a for a in args.arms.split(",") if a]
     return args
+
+
+def stem(name: str, seed: int) -> str:
+    """``name`` for seed 0 (the files the docs name), ``name-seed-N`` for another seed."""
+    return name if seed == 0 else f"{name}-seed-{seed}"
 
 
 def log(msg: str) -> None:
@@ -283,11 +297,17 @@ def export_and_eval(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def train_stats(run_dir: Path) -> dict[str, Any]:
+    from memopd.checkpoint import list_checkpoints
     from memopd.runlog import read_metrics
 
     rows = [r for r in read_metrics(run_dir) if "step_s" in r]
     audits = [r["audit/max_abs_diff"] for r in read_metrics(run_dir) if "audit/max_abs_diff" in r]
+    ckpts = list_checkpoints(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
     return {"s_per_step": sum(r["step_s"] for r in rows) / max(1, len(rows)),
+            "update_s_per_step": sum(r["step_s"] - r["rollout_s"] for r in rows) / max(1, len(rows)),
+            "peak_rss_mb": summary.get("peak_rss_mb"),
+            "checkpoint_bytes": sum(f.stat().st_size for f in ckpts[0].rglob("*") if f.is_file()) if ckpts else None,
             "train_f1": [r["f1"] for r in rows], "kl": [r.get("kl/all") for r in rows],
             "audit_max_abs_diff": max(audits) if audits else None}
 
@@ -325,13 +345,16 @@ def markdown(r: dict[str, Any]) -> str:
     b = r["budget"]
     head = (f"Student {r['student']}, teacher {r['teacher_base']} fine-tuned ({b['sft_steps']} SFT steps of "
             f"{b['sft_batch']} oracle trajectories). Held-out F1 under the memory agent, {b['eval_episodes']} test "
-            f"episodes (greedy) during training, seed {r['seed']} (one seed).")
+            f"episodes (greedy) during training, RL seed {r['seed']}.")
     lines = [head, "", f"Teacher F1 {r['teacher']['f1']:.3f} (EM {r['teacher']['em']:.3f}).", "",
-             "| arm | F1 before | F1 after | EM after | s / step | max RCE in training |", "|---|---|---|---|---|---|"]
+             "| arm | F1 before | F1 after | EM after | s / step | update s / step | peak RSS (MiB) | checkpoint (MiB) "
+             "| max RCE in training |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, row in r["table"].items():
         rce = f"{row['audit_max_abs_diff']:.1e}" if row["audit_max_abs_diff"] is not None else "-"
+        ckpt = f"{row['checkpoint_bytes'] / 2**20:.1f}" if row.get("checkpoint_bytes") else "-"
+        rss = f"{row['peak_rss_mb']:.0f}" if row.get("peak_rss_mb") else "-"
         lines.append(f"| {arm} | {row['before']['f1']:.3f} | {row['after']['f1']:.3f} | {row['after']['em']:.3f} | "
-                     f"{row['s_per_step']:.1f} | {rce} |")
+                     f"{row['s_per_step']:.1f} | {row['update_s_per_step']:.1f} | {rss} | {ckpt} | {rce} |")
     a = r["audit"]
     lines += ["", (f"RCE audit of the teacher on {a['episodes']} sampled episodes ({a['calls']} calls): aligned max "
                    f"|log p_pack - log p_alone| {a['aligned']['max_abs_diff']:.2e} (tolerance "
@@ -363,9 +386,9 @@ def report(out: Path, args: argparse.Namespace, timings: Timings, teacher: dict,
                "table": table, "curves": curves, "export": export, "timings": timings.data,
                "parallel_arms": args.parallel_arms, "versions": versions(),
                "command": "python examples/smollm2_memopd.py " + " ".join(sys.argv[1:])}
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "results.md").write_text(markdown(results))
-    plot(results, out / "curves.png")
+    (out / f"{stem('results', args.seed)}.json").write_text(json.dumps(results, indent=2))
+    (out / f"{stem('results', args.seed)}.md").write_text(markdown(results))
+    plot(results, out / f"{stem('curves', args.seed)}.png")
     return results
 
 
@@ -391,12 +414,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"RCE audit: aligned max |diff| {audit_data['aligned']['max_abs_diff']:.2e} "
         f"(passed {audit_data['aligned']['passed']}), persistent {audit_data['persistent']['max_abs_diff']:.2f}")
     if any(not (arm_dir(out, a, args.seed) / "summary.json").is_file() for a in args.arm_list):
-        timings.run("arms", run_arms, out, teacher, args)
+        timings.run(stem("arms", args.seed), run_arms, out, teacher, args)
     export = timings.run("export_eval", export_and_eval, out, args) \
         if not (out / "eval-export" / "summary.json").is_file() else export_and_eval(out, args)
     results = report(out, args, timings, teacher_f1, audit_data, export)
     print(markdown(results))
-    print(f"results: {out / 'results.md'}, {out / 'results.json'}, {out / 'curves.png'}")
+    names = [f"{stem('results', args.seed)}.md", f"{stem('results', args.seed)}.json", f"{stem('curves', args.seed)}.png"]
+    print("results: " + ", ".join(str(out / n) for n in names))
     return 0
 
 

@@ -68,3 +68,13 @@ def lr_lambda(schedule: str, warmup: int, total: int, floor: float = 0.0) -> Cal
             return floor + (1.0 - floor) * (1.0 - frac)
         return 1.0
     return f
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports kilobytes; 0 where the
+    platform has no ``resource`` module)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -44,7 +44,7 @@ from memopd.learn.teacher import load_teacher
 from memopd.learn.update import PPOUpdate, UpdateInputs
 from memopd.packing import PackedBatch, pack_episodes
 from memopd.runlog import RunLogger, check_mirrors, plot_curves, read_metrics
-from memopd.runtime import compute_dtype, lr_lambda, prepare_model, set_threads
+from memopd.runtime import compute_dtype, lr_lambda, peak_rss_mb, prepare_model, set_threads
 from memopd.scoring import ActionStates, action_states
 
 
@@ -518,7 +518,8 @@ class Trainer:
         self.log(f"held-out F1: before {before.get('f1', float('nan')):.3f} -> after {after['f1']:.3f}  "
                  f"(EM {before.get('em', float('nan')):.3f} -> {after['em']:.3f})")
         self.log(f"run directory: {self.run_dir}  (final model: {self.run_dir / RUN_MODEL_DIR})")
-        summary = {"eval_before": before, "eval_after": after, "eval_teacher": state.eval_teacher, "steps": self.step}
+        summary = {"eval_before": before, "eval_after": after, "eval_teacher": state.eval_teacher, "steps": self.step,
+                   "peak_rss_mb": peak_rss_mb()}
         if self.world.is_main:  # rank 0 alone writes files
             self.export_final()
             cfgmod.write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
