@@ -35,9 +35,9 @@ def smoke(example, tmp_path_factory):
 @pytest.mark.slow
 def test_both_arms_ran_the_same_budget_from_the_untouched_student(example, smoke):
     out, _, res = smoke
-    assert list(res["table"]) == list(example.ARMS)
+    assert list(res["table"]) == list(example.DEFAULT_ARMS)
     configs = {}
-    for arm in example.ARMS:
+    for arm in example.DEFAULT_ARMS:
         run_dir = out / "runs" / arm / "seed-0"
         text = (run_dir / "config.toml").read_text()
         assert 'model = "tiny"' in text and "student_warmup_steps = 0" in text
