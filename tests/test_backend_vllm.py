@@ -189,6 +189,36 @@ def test_training_with_vllm_syncs_weights_and_logs_the_mismatch(cache, tmp_path,
         assert {i["policy_version"] for i in json.loads(line)["invocations"]} == {step - 1}
 
 
+def test_lora_training_with_vllm_serves_the_merged_adapters(cache, tmp_path, monkeypatch):
+    """--lora-r with --backend vllm: before each rollout the engine gets base + B A alpha / r under
+    the base names (vLLM serves plain weights; the adapters are merged, not sent as a LoRA). After
+    step 1's update the adapters are non-zero (B starts at zero), and step 2's records equal the
+    trainer's adapted model to <= 1e-4 on every sampled token (the mismatch metric), while the base
+    model, what a missed sync would leave in the engine, is seen to differ from them (the control)."""
+    from agents import models
+    from agents.records import load_episodes
+    from memopd import train
+    from memopd.runlog import read_metrics
+
+    monkeypatch.setenv("MEMOPD_CACHE", str(cache))
+    run = tmp_path / "run"
+    args = ["--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size", "2", "--max-new-tokens", "12",
+            "--eval-episodes", "2", "--eval-every", "0", "--student-warmup-steps", "0", "--teacher", "tiny-teacher",
+            "--no-progress", "--pack-tokens", "1024", "--steps", "2", "--backend", "vllm", "--vllm-dtype", "float32",
+            "--max-model-len", "1024", "--old-logprobs", "recompute", "--lora-r", "4", "--lora-alpha", "8",
+            "--lr", "3e-2", "--warmup-steps", "0", "--run-dir", str(run)]
+    cfg = train.prepare(train.cfgmod.parse_args(train.TrainConfig, args, "t", ""))
+    train.Trainer(cfg, log=lambda m: None).fit()
+    rows = [r for r in read_metrics(run) if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["mismatch/max_abs_logp"] <= FP32_TOL for r in rows)
+    base, _ = models.load("tiny", cache_dir=cache)
+    step2 = [i for e in load_episodes(run / "episodes" / "step-000002.jsonl", strict=True).episodes
+             for i in e.invocations]
+    assert {i.policy_version for i in step2} == {1}
+    assert gap(base, step2, 1.0) > 1e-2  # the adapters moved the policy: a stale engine would be caught
+
+
 def smollm2_gaps() -> list[float]:
     """Max |recorded - re-scored| of SmolLM2 records at T=1, T=0.7 and greedy (an fp32 engine)."""
     from agents import models
