@@ -1,0 +1,170 @@
+"""A student distilled from a teacher with another tokenizer, next to the same-tokenizer runs.
+
+    python examples/other_tokenizer.py                      # the study (docs/RESULTS.md), 3 seeds
+    python examples/other_tokenizer.py --smoke --out DIR    # the same path, a couple of steps (CI)
+
+The task and budget are the embedded default's (``memopd.train`` with no flags: LongQA at its
+defaults, the ``tiny`` student warm-started on oracle trajectories, then PPO + MemOPD). Two
+teachers, fine-tuned by the same recipe (``memopd.learn.models.TEACHER_SFT``: 250 SFT steps on
+1,000 oracle trajectories) from the same shape:
+
+  same    ``--teacher auto``: ``tiny-teacher``, the student's tokenizer
+  other   ``tiny-teacher-bpe1k``: its own 1024-token BPE (task words split in two or three,
+          other ids), fine-tuned here on trajectories in its own tokens
+
+Arms, each for every seed, the same budget:
+
+  same-full      the embedded default: the full-vocabulary divergence to the same-tokenizer teacher
+  same-sampled   the sampled estimator (k3 of the log-ratio at the sampled token, as a loss)
+  other-sampled  the sampled estimator against the other-tokenizer teacher, each call scored in
+                 its tokens and the log-probs shared back by text spans (memopd.retokenize)
+
+same-sampled separates what the estimator costs from what the other tokenizer costs. Each arm is
+its own ``python -m memopd.train`` (resumed after a kill); finished stages are skipped on a rerun.
+Everything lands in --out: teacher-other/, runs/<arm>/seed-<s>/, results.json (every number and
+curve), results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+ARMS: dict[str, list[str]] = {
+    "same-full": [],
+    "same-sampled": ["--opd-estimator", "sampled"],
+    "other-sampled": ["--opd-estimator", "sampled"],  # + --teacher teacher-other
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out", default="runs/other-tokenizer", help="experiment directory")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, out of {list(ARMS)}")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per arm (default: the embedded default's)")
+    ap.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every this many steps")
+    ap.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes per evaluation")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of each run (runs go one after another)")
+    ap.add_argument("--same-teacher", default=None, help="the same-tokenizer teacher (default: auto, the embedded "
+                    "default's; smoke: the untrained tiny-teacher preset, which needs no build)")
+    ap.add_argument("--smoke", action="store_true", help="a couple of steps per stage: the path, not the result")
+    args = ap.parse_args(argv)
+    args.same_teacher = args.same_teacher or ("tiny-teacher" if args.smoke else "auto")
+    args.seed_list = [int(s) for s in args.seeds.split(",") if s]
+    args.arm_list = [a for a in args.arms.split(",") if a]
+    unknown = sorted(set(args.arm_list) - set(ARMS))
+    if unknown:
+        ap.error(f"--arms: unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    return args
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], logfile: Path) -> None:
+    log("$ python " + " ".join(cmd))
+    with logfile.open("a") as fh:
+        code = subprocess.call([sys.executable, *cmd], stdout=fh, stderr=subprocess.STDOUT)
+    if code != 0:
+        sys.exit(f"error: `python {' '.join(cmd)}` failed (exit {code}); its output is in {logfile}")
+
+
+def other_teacher(out: Path, args: argparse.Namespace) -> Path:
+    """tiny-teacher-bpe1k fine-tuned by the auto teacher's recipe, in its own tokens."""
+    from memopd.learn.models import TEACHER_SFT
+
+    path = out / "teacher-other"
+    if (path / "config.json").is_file():
+        return path
+    recipe = {**TEACHER_SFT, "model": "tiny-teacher-bpe1k"}
+    if args.smoke:
+        recipe.update(num_episodes=8, steps=2, batch_episodes=4)
+    run(["-m", "memopd.sft", "--model", recipe["model"], "--out", str(path), "--num-episodes",
+         str(recipe["num_episodes"]), "--steps", str(recipe["steps"]), "--batch-episodes", str(recipe["batch_episodes"]),
+         "--lr", str(recipe["lr"]), "--seed", "1", "--threads", str(args.threads), "--no-progress"],
+        out / "teacher-other.log")
+    return path
+
+
+def arm_command(arm: str, run_dir: Path, seed: int, teacher: Path, args: argparse.Namespace) -> list[str]:
+    from memopd.checkpoint import list_checkpoints
+
+    if list_checkpoints(run_dir):
+        return ["-m", "memopd.train", "--resume", str(run_dir), "--threads", str(args.threads), "--no-progress"]
+    cmd = ["-m", "memopd.train", "--run-dir", str(run_dir), "--seed", str(seed), "--eval-every", str(args.eval_every),
+           "--eval-episodes", str(args.eval_episodes), "--threads", str(args.threads), "--no-progress",
+           "--teacher", str(teacher) if arm.startswith("other") else args.same_teacher, *ARMS[arm]]
+    if args.steps is not None:
+        cmd += ["--steps", str(args.steps)]
+    if args.smoke:
+        cmd += ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--student-warmup-steps", "2",
+                "--eval-every", "1", "--eval-episodes", "2", "--sample-episodes", "0"]
+    return cmd
+
+
+def mean_sd(xs: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
+
+
+def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from memopd.runlog import heldout_curve, read_metrics
+
+    runs: dict[str, dict[str, Any]] = {}
+    for arm in args.arm_list:
+        for seed in args.seed_list:
+            d = out / "runs" / arm / f"seed-{seed}"
+            s = json.loads((d / "summary.json").read_text())
+            rows = [r for r in read_metrics(d) if "step_s" in r]
+            runs.setdefault(arm, {})[str(seed)] = {
+                "before": s["eval_before"]["f1"], "after": s["eval_after"]["f1"], "teacher": (s["eval_teacher"] or {}).get("f1"),
+                "curve": heldout_curve(d), "s_per_step": statistics.fmean(r["step_s"] for r in rows),
+                "teacher_score_s": statistics.fmean(r.get("teacher/score_s", 0.0) for r in rows),
+                "chunks_per_action": statistics.fmean(r.get("teacher/chunks_per_action", 1.0) for r in rows),
+                "tokens_per_action": statistics.fmean(r.get("teacher/tokens_per_action", 1.0) for r in rows)}
+    table = {arm: {k: mean_sd([r[k] for r in per.values()]) for k in ("before", "after", "s_per_step")}
+             | {"teacher": per[next(iter(per))]["teacher"],
+                "chunks_per_action": statistics.fmean(r["chunks_per_action"] for r in per.values()),
+                "tokens_per_action": statistics.fmean(r["tokens_per_action"] for r in per.values())}
+             for arm, per in runs.items()}
+    results = {"seeds": args.seed_list, "eval_episodes": args.eval_episodes, "eval_every": args.eval_every,
+               "steps": args.steps, "smoke": args.smoke, "table": table, "runs": runs,
+               "command": "python examples/other_tokenizer.py " + " ".join(sys.argv[1:])}
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [f"Held-out F1 ({args.eval_episodes} test episodes, greedy), mean +- sd over seeds {args.seed_list}.", "",
+             "| arm | teacher F1 | F1 before | F1 after | s / step | teacher tokens / action | chunks / action |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, t in table.items():
+        lines.append(f"| {arm} | {t['teacher']:.3f} | {t['before']['mean']:.3f} | {t['after']['mean']:.3f} +- "
+                     f"{t['after']['sd']:.3f} | {t['s_per_step']['mean']:.2f} | {t['tokens_per_action']:.2f} | "
+                     f"{t['chunks_per_action']:.2f} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    teacher = other_teacher(out, args) if any(a.startswith("other") for a in args.arm_list) else Path()
+    for seed in args.seed_list:  # seed by seed, so that a partial study has whole seeds
+        for arm in args.arm_list:
+            run_dir = out / "runs" / arm / f"seed-{seed}"
+            if (run_dir / "summary.json").is_file():
+                continue
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            run(arm_command(arm, run_dir, seed, teacher, args), run_dir.parent / f"seed-{seed}.log")
+    print((out / "results.md").read_text() if report(out, args) else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
