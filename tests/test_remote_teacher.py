@@ -106,6 +106,31 @@ def test_a_step_with_the_served_teacher_equals_the_step_with_it_local(served, ca
 
 
 @pytest.mark.vllm
+def test_the_audit_checks_the_server_against_a_local_copy(served, cache, tmp_path, monkeypatch):
+    """--teacher-audit-model: the served log-probs equal the local copy's forward of each call alone
+    (<= 1e-4); a copy of another model (the control) is seen to differ, with a warning."""
+    from memopd import train
+    from memopd.runlog import read_metrics
+
+    url, model_dir, _, _ = served
+    monkeypatch.setenv("MEMOPD_CACHE", str(cache))
+
+    def audited(name, copy):
+        argv = [a if a != "0" or FAST[i - 1] != "--audit-every" else "1" for i, a in enumerate(FAST)]
+        argv += ["--run-dir", str(tmp_path / name), "--teacher", url, "--opd-estimator", "topk", "--opd-topk", str(K),
+                 "--teacher-audit-model", copy, "--steps", "1"]
+        train.Trainer(train.prepare(train.cfgmod.parse_args(train.TrainConfig, argv, "t", "")), log=lambda m: None).fit()
+        (row,) = [r for r in read_metrics(tmp_path / name) if "loss" in r]
+        return row
+
+    row = audited("same", model_dir)
+    assert row["audit/teacher_passed"] is True and row["audit/teacher_max_abs_diff"] <= 1e-4
+    with pytest.warns(RuntimeWarning, match="teacher audit failed"):
+        row = audited("other", "tiny")
+    assert row["audit/teacher_passed"] is False and row["audit/teacher_max_abs_diff"] > 1e-2
+
+
+@pytest.mark.vllm
 def test_a_server_killed_mid_run_is_one_clear_error_not_a_zero_loss(cache, tmp_path, capsys):
     if not vllm_available():
         pytest.skip("vllm is not installed")

@@ -155,6 +155,10 @@ class ServedTeacherOptions:
     teacher_retries: int = field(4, help="served teacher: attempts after a connection error or timeout, with "
                                          "backoff 0.5 s, 1 s, 2 s, ...", range=(0, None))
     teacher_timeout: float = field(120.0, help="served teacher: seconds a request may take", range=(1.0, None))
+    teacher_audit_model: str | None = field(None, help="served teacher: a local copy of the served model (a model "
+                                                       "spec); at every --audit-every step the served log-probs of "
+                                                       "the step's first calls are checked against its forward of "
+                                                       "each call alone (audit/teacher_max_abs_diff)")
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]

@@ -18,6 +18,10 @@ in (every call alone: the aligned context). Nothing is decoded or re-encoded.
 - At start a probe checks the server: the model is listed, it tokenizes a probe text as the
   student's tokenizer does, and its log-probs of a probe prompt are finite; a mismatch is one
   ``error:`` line.
+- With a local copy of the served model (``--teacher-audit-model``), every ``--audit-every`` steps
+  the served log-probs of the step's first calls (the sampled tokens' and the top-k's) are checked
+  against the copy's forward of each call alone, with no packing (``audit/teacher_max_abs_diff``):
+  the RCE audit's question asked of the server.
 - The server's log-probs are at temperature 1: the calls must have been sampled at temperature 1
   (or greedily), which the default ``--temperature 1.0`` does; and ``k`` may not exceed the
   server's ``--max-logprobs`` (vLLM's default is 20).
@@ -57,10 +61,13 @@ class RemoteTeacher:
     context = "aligned"
 
     def __init__(self, base_url: str, tokenizer: Any, *, k: int, served_model: str | None = None,
-                 concurrency: int = 8, retries: int = 4, timeout_s: float = 120.0) -> None:
+                 concurrency: int = 8, retries: int = 4, timeout_s: float = 120.0,
+                 audit_model: torch.nn.Module | None = None) -> None:
         from agents.backends.openai import OpenAIBackend, OpenAIBackendError
 
         self.tokenizer, self.k, self.concurrency = tokenizer, k, max(1, concurrency)
+        self.audit_model = audit_model
+        self.last: tuple[Sequence[Episode], PackedBatch, TeacherScores] | None = None
         try:
             self.server = OpenAIBackend(base_url, tokenizer, model=served_model, retries=retries, timeout_s=timeout_s)
         except OpenAIBackendError as exc:
@@ -122,10 +129,11 @@ class RemoteTeacher:
             logp.append([v for _, v in top])
             sampled.append(entry[action])
         n = len(ids)
+        self.last = None  # set below, once the step's scores are whole
         top = TopK(torch.tensor(ids, dtype=torch.long).reshape(n, self.k),
                    torch.tensor(logp, dtype=torch.float32).reshape(n, self.k))
-        return TeacherScores(top=top, sampled=torch.tensor(sampled, dtype=torch.float32),
-                             metrics={"teacher/remote_s": time.perf_counter() - t0,
+        scores = TeacherScores(top=top, sampled=torch.tensor(sampled, dtype=torch.float32),
+                               metrics={"teacher/remote_s": time.perf_counter() - t0,
                                       "teacher/requests": float(len(invs)),
                                       # what the estimators read: k ids and log-probs, and the sampled token's
                                       "teacher/bytes_per_token": 8.0 * self.k + 4.0,
@@ -135,6 +143,36 @@ class RemoteTeacher:
                                       "teacher/received_bytes": float(self.server.bytes_received - received0),
                                       "teacher/received_bytes_per_action": (self.server.bytes_received - received0)
                                       / max(1, n)})
+        if self.audit_model is not None:
+            self.last = (episodes, batch, scores)
+        return scores
+
+    # -- the audit against a local copy ---------------------------------------------------------
+    @torch.no_grad()
+    def audit(self, max_calls: int = 8, tolerance: float = 1e-4) -> dict[str, Any] | None:
+        """The served log-probs of the last step's first ``max_calls`` calls (the sampled tokens',
+        and the top-k's) against the local copy's own forward of each call alone, no packing:
+        ``{"max_abs_diff", "passed", "tokens"}``; None without a local copy or a scored step."""
+        if self.audit_model is None or self.last is None:
+            return None
+        episodes, batch, scores = self.last
+        where: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for n, (e, i, t) in enumerate(batch.token_map.tolist()):
+            if (e, i) in where or len(where) < max_calls:
+                where.setdefault((e, i), []).append((n, t))
+        worst, count = 0.0, 0
+        device = next(self.audit_model.parameters()).device
+        for (e, i), actions in where.items():
+            inv = episodes[e].invocations[i]
+            ids = torch.tensor([list(inv.prompt_ids) + list(inv.response_ids)], device=device)
+            logp = torch.log_softmax(self.audit_model(input_ids=ids, use_cache=False).logits[0].float(), -1).cpu()
+            for n, t in actions:
+                row = logp[len(inv.prompt_ids) + t - 1]
+                worst = max(worst, abs(float(row[inv.response_ids[t]]) - float(scores.sampled[n])))
+                if scores.top is not None and scores.top.ids.shape[-1]:
+                    worst = max(worst, float((row[scores.top.ids[n]] - scores.top.logp[n]).abs().max()))
+                count += 1
+        return {"max_abs_diff": worst, "passed": worst <= tolerance, "tokens": count}
 
     def _score_invocation(self, inv: Invocation) -> list[dict[int, float]]:
         tokens = list(inv.prompt_ids) + list(inv.response_ids)

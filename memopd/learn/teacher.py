@@ -149,8 +149,12 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
     from memopd.learn.remote_teacher import RemoteTeacher, is_url
 
     if is_url(cfg.teacher):
+        from agents.models import load
+
         k = cfg.opd_topk if cfg.opd_estimator == "topk" else 0  # the sampled estimator needs the action's only
-        return RemoteTeacher(cfg.teacher, student_tokenizer, k=k, served_model=cfg.teacher_model,
+        audit = load(cfg.teacher_audit_model, device=cfg.device)[0].eval().requires_grad_(False) \
+            if cfg.teacher_audit_model else None
+        return RemoteTeacher(cfg.teacher, student_tokenizer, k=k, served_model=cfg.teacher_model, audit_model=audit,
                              concurrency=cfg.teacher_concurrency, retries=cfg.teacher_retries,
                              timeout_s=cfg.teacher_timeout)
     if cfg.teacher == "auto" and world.local_rank != 0:
