@@ -19,6 +19,11 @@ Arms, each for every seed, the same budget:
   other-sampled  the sampled estimator against the other-tokenizer teacher, each call scored in
                  its tokens and the log-probs shared back by text spans (memopd.retokenize)
 
+  served-topk    the same-tokenizer teacher behind a stock ``vllm serve`` on 127.0.0.1 (started
+                 here, with ``--vllm-python``'s vLLM), the top-20 + tail estimator, the served
+                 log-probs audited against the local copy every 10 steps (asked for by name:
+                 ``--arms served-topk``; it needs vLLM)
+
 same-sampled separates what the estimator costs from what the other tokenizer costs. Each arm is
 its own ``python -m memopd.train`` (resumed after a kill); finished stages are skipped on a rerun.
 Everything lands in --out: teacher-other/, runs/<arm>/seed-<s>/, results.json (every number and
@@ -40,7 +45,11 @@ ARMS: dict[str, list[str]] = {
     "same-full": [],
     "same-sampled": ["--opd-estimator", "sampled"],
     "other-sampled": ["--opd-estimator", "sampled"],  # + --teacher teacher-other
+    "served-topk": ["--opd-estimator", "topk", "--opd-topk", "20"],  # + --teacher URL of the same teacher, served
 }
+
+
+DEFAULT_ARMS = ("same-full", "same-sampled", "other-sampled")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -48,7 +57,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default="runs/other-tokenizer", help="experiment directory")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, out of {list(ARMS)}")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, out of {list(ARMS)}")
+    ap.add_argument("--vllm-python", default=sys.executable, help="served-topk: the Python that has vLLM")
     ap.add_argument("--steps", type=int, default=None, help="training steps per arm (default: the embedded default's)")
     ap.add_argument("--eval-every", type=int, default=10, help="held-out evaluation every this many steps")
     ap.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes per evaluation")
@@ -95,14 +105,17 @@ def other_teacher(out: Path, args: argparse.Namespace) -> Path:
     return path
 
 
-def arm_command(arm: str, run_dir: Path, seed: int, teacher: Path, args: argparse.Namespace) -> list[str]:
+def arm_command(arm: str, run_dir: Path, seed: int, teachers: dict[str, str], args: argparse.Namespace) -> list[str]:
     from memopd.checkpoint import list_checkpoints
 
-    if list_checkpoints(run_dir):
-        return ["-m", "memopd.train", "--resume", str(run_dir), "--threads", str(args.threads), "--no-progress"]
+    if list_checkpoints(run_dir):  # a served teacher's URL changes: the resume is told the new one
+        extra = ["--teacher", teachers["served"]] if arm.startswith("served") else []
+        return ["-m", "memopd.train", "--resume", str(run_dir), "--threads", str(args.threads), "--no-progress", *extra]
     cmd = ["-m", "memopd.train", "--run-dir", str(run_dir), "--seed", str(seed), "--eval-every", str(args.eval_every),
            "--eval-episodes", str(args.eval_episodes), "--threads", str(args.threads), "--no-progress",
-           "--teacher", str(teacher) if arm.startswith("other") else args.same_teacher, *ARMS[arm]]
+           "--teacher", teachers[arm.split("-")[0]], *ARMS[arm]]
+    if arm.startswith("served"):
+        cmd += ["--teacher-audit-model", teachers["same-dir"], "--audit-every", "10"]
     if args.steps is not None:
         cmd += ["--steps", str(args.steps)]
     if args.smoke:
@@ -119,7 +132,8 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     from memopd.runlog import heldout_curve, read_metrics
 
     runs: dict[str, dict[str, Any]] = {}
-    for arm in args.arm_list:
+    done = [a for a in ARMS if all((out / "runs" / a / f"seed-{s}" / "summary.json").is_file() for s in args.seed_list)]
+    for arm in done:  # every arm finished for these seeds, asked for in this invocation or an earlier one
         for seed in args.seed_list:
             d = out / "runs" / arm / f"seed-{seed}"
             s = json.loads((d / "summary.json").read_text())
@@ -143,7 +157,8 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
              "| arm | teacher F1 | F1 before | F1 after | s / step | teacher tokens / action | chunks / action |",
              "|---|---|---|---|---|---|---|"]
     for arm, t in table.items():
-        lines.append(f"| {arm} | {t['teacher']:.3f} | {t['before']['mean']:.3f} | {t['after']['mean']:.3f} +- "
+        teacher = "-" if t["teacher"] is None else f"{t['teacher']:.3f}"  # a served teacher is not evaluated
+        lines.append(f"| {arm} | {teacher} | {t['before']['mean']:.3f} | {t['after']['mean']:.3f} +- "
                      f"{t['after']['sd']:.3f} | {t['s_per_step']['mean']:.2f} | {t['tokens_per_action']:.2f} | "
                      f"{t['chunks_per_action']:.2f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
@@ -154,14 +169,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    teacher = other_teacher(out, args) if any(a.startswith("other") for a in args.arm_list) else Path()
-    for seed in args.seed_list:  # seed by seed, so that a partial study has whole seeds
-        for arm in args.arm_list:
+    teachers = {"same": args.same_teacher}
+    if any(a.startswith("other") for a in args.arm_list):
+        teachers["other"] = str(other_teacher(out, args))
+    todo = [(seed, arm) for seed in args.seed_list for arm in args.arm_list  # seed by seed: whole seeds first
+            if not (out / "runs" / arm / f"seed-{seed}" / "summary.json").is_file()]
+    server = None
+    if any(arm.startswith("served") for _, arm in todo):
+        from agents.backends.vllm_serve import VLLMServer
+        from memopd.learn.models import ensure_teacher
+        from memopd.train import TrainConfig
+
+        from agents.models import load
+
+        # the model directory vllm serve reads (a preset's or the auto teacher's cache entry)
+        teachers["same-dir"] = load(ensure_teacher(TrainConfig(teacher=args.same_teacher), log))[0].config._name_or_path
+        server = VLLMServer(teachers["same-dir"], max_model_len=4096, max_logprobs=20, python=args.vllm_python,
+                            lifetime_s=6 * 3600)
+        teachers["served"] = server.start()
+        log(f"teacher {teachers['same-dir']} served at {teachers['served']}")
+    try:
+        for seed, arm in todo:
             run_dir = out / "runs" / arm / f"seed-{seed}"
-            if (run_dir / "summary.json").is_file():
-                continue
             run_dir.parent.mkdir(parents=True, exist_ok=True)
-            run(arm_command(arm, run_dir, seed, teacher, args), run_dir.parent / f"seed-{seed}.log")
+            run(arm_command(arm, run_dir, seed, teachers, args), run_dir.parent / f"seed-{seed}.log")
+    finally:
+        if server is not None:
+            server.stop()
     print((out / "results.md").read_text() if report(out, args) else "")
     return 0
 

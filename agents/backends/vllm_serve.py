@@ -35,14 +35,15 @@ def free_port() -> int:
 
 class VLLMServer:
     """``vllm serve MODEL`` on a free port of 127.0.0.1 (fp32, eager, a 512 MiB KV cache: a CPU
-    test size); ``extra`` adds server flags (e.g. ``["--logprobs-mode", "processed_logprobs"]``)."""
+    test size); ``extra`` adds server flags (e.g. ``["--logprobs-mode", "processed_logprobs"]``);
+    ``python`` is the interpreter that has vLLM (default: this one)."""
 
     def __init__(self, model_dir: str, *, max_model_len: int = 1024, max_logprobs: int | None = None,
                  dtype: str = "float32", kv_cache_mib: int = 512, extra: Sequence[str] = (),
-                 startup_s: float = 300.0, lifetime_s: int = 3600):
+                 startup_s: float = 300.0, lifetime_s: int = 3600, python: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+        self.cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                     "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
                     "--max-model-len", str(max_model_len), "--enforce-eager",
                     "--kv-cache-memory-bytes", str(kv_cache_mib * 2**20), *extra]
