@@ -100,6 +100,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="run the arms side by side, one torch thread each (else one after another with --threads)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the stages run alone (on a busy "
                     "2-core machine two threads were several times slower than one)")
+    ap.add_argument("--summarise", default=None, metavar="SEEDS", help="only read the finished seeds' results "
+                    "(comma-separated, e.g. 0,1) and write OUT/results-seeds.{json,md}: each arm's mean and spread")
     for f in dataclasses.fields(Budget):
         ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
                         help=f"override the budget's {f.name} (default {f.default}; smoke {getattr(SMOKE, f.name)})")
@@ -392,8 +394,49 @@ def report(out: Path, args: argparse.Namespace, timings: Timings, teacher: dict,
     return results
 
 
+def summarise(out: Path, seeds: list[int]) -> dict[str, Any]:
+    """Each arm over ``seeds`` (their results files): held-out F1 after training and along the
+    curve (mean, sd and each seed's), s / step, update s / step, peak RSS, checkpoint size."""
+    import statistics
+
+    per = {s: json.loads((out / f"{stem('results', s)}.json").read_text()) for s in seeds}
+    first = per[seeds[0]]
+
+    def stat(xs: list[float]) -> dict[str, Any]:
+        return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "each": xs}
+
+    arms: dict[str, Any] = {}
+    for arm in first["table"]:
+        rows = [per[s]["table"][arm] for s in seeds]
+        curves = [per[s]["curves"][arm] for s in seeds]
+        steps = curves[0]["step"]
+        arms[arm] = {"f1_after": stat([r["after"]["f1"] for r in rows]),
+                     "f1_curve": {"step": steps, "mean": [statistics.fmean(c["f1"][i] for c in curves)
+                                                          for i in range(len(steps))],
+                                  "each": [c["f1"] for c in curves]},
+                     **{k: stat([r[k] for r in rows]) for k in ("s_per_step", "update_s_per_step", "peak_rss_mb",
+                                                                   "checkpoint_bytes")}}
+    res = {"seeds": seeds, "teacher_f1": first["teacher"]["f1"], "budget": first["budget"], "arms": arms,
+           "command": "python examples/smollm2_memopd.py " + " ".join(sys.argv[1:])}
+    (out / "results-seeds.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"Seeds {seeds}; teacher held-out F1 {res['teacher_f1']:.3f}. Mean +- sd over seeds.", "",
+             "| arm | F1 after | F1 by step (mean) | s / step | update s / step | peak RSS (MiB) | checkpoint (MiB) |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        curve = ", ".join(f"{s}: {f:.3f}" for s, f in zip(a["f1_curve"]["step"], a["f1_curve"]["mean"]))
+        lines.append(f"| {arm} | {a['f1_after']['mean']:.3f} +- {a['f1_after']['sd']:.3f} | {curve} | "
+                     f"{a['s_per_step']['mean']:.1f} | {a['update_s_per_step']['mean']:.1f} | "
+                     f"{a['peak_rss_mb']['mean']:.0f} | {a['checkpoint_bytes']['mean'] / 2**20:.1f} |")
+    (out / "results-seeds.md").write_text("\n".join(lines) + "\n")
+    return res
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.summarise:
+        summarise(Path(args.out), [int(s) for s in args.summarise.split(",")])
+        print((Path(args.out) / "results-seeds.md").read_text())
+        return 0
     import torch
 
     torch.set_num_threads(args.threads)

@@ -66,3 +66,21 @@ def test_report_export_and_resume(example, smoke):
     assert example.main(args) == 0
     assert time.perf_counter() - t0 < 30
     assert json.loads((out / "results.json").read_text())["timings"] == res["timings"]
+
+
+@pytest.mark.slow
+def test_a_second_seed_shares_the_stages_and_the_summary_reads_both(example, smoke):
+    """--seed 1 writes results-seed-1.* beside seed 0's, reusing its teacher, audit and export (only
+    its arms run); --summarise 0,1 tabulates both from their files."""
+    out, args, res = smoke
+    assert example.main(args + ["--seed", "1", "--arms", "ppo"]) == 0
+    one = json.loads((out / "results-seed-1.json").read_text())
+    assert one["seed"] == 1 and list(one["table"]) == ["ppo"] and (out / "curves-seed-1.png").is_file()
+    assert one["teacher"] == res["teacher"] and "arms-seed-1" in one["timings"]
+    assert json.loads((out / "results.json").read_text())["seed"] == 0  # seed 0's report is untouched
+    (out / "results-seed-1.json").write_text(json.dumps({**one, "table": res["table"], "curves": res["curves"]}))
+    assert example.main(["--out", str(out), "--summarise", "0,1"]) == 0
+    summary = json.loads((out / "results-seeds.json").read_text())
+    f1 = summary["arms"]["ppo"]["f1_after"]
+    assert f1["each"] == [res["table"]["ppo"]["after"]["f1"]] * 2 and f1["sd"] == 0.0
+    assert summary["arms"]["ppo"]["checkpoint_bytes"]["mean"] > 0 and summary["arms"]["ppo"]["peak_rss_mb"]["mean"] > 0
