@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # opd_calls
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -47,32 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
-    import gymnasium as gym
-
-    import memgym  # noqa: F401
-    from agents.backends.base import SamplingParams
-    from agents.backends.hf import HFBackend
-    from agents.memagent import MemAgent
-    from agents.models import load
-    from agents.rollout import rollout
     from memopd import estimators as est
     from memopd import losses
-    from memopd.packing import pack_episodes
     from memopd.scoring import action_states
+    from opd_calls import opd_calls
 
-    from memopd.learn.models import ensure_teacher, warm_start_student
-    from memopd.train import TrainConfig
-
-    cfg = TrainConfig(student_warmup_steps=args.warmup_steps, threads=1, progress=False)
-    student, tok = load("tiny")
-    warm_start_student(student, tok, cfg, log=lambda m: None)
-    teacher, _ = load(ensure_teacher(cfg, log=lambda m: None))
-    student.eval()
-    envs = [gym.make(cfg.env, split="train", tokenizer=tok) for _ in range(8)]
-    agent = MemAgent(backend=HFBackend(student, tok, seed=0), sampling=SamplingParams(temperature=1.0,
-                                                                                      max_new_tokens=24))
-    episodes = rollout(envs, agent, args.episodes, seed=0, progress=False)
-    batch = pack_episodes(episodes, 4096, mode="aligned")
+    calls = opd_calls(args.warmup_steps, args.episodes)
+    student, teacher, batch = calls.student, calls.teacher, calls.batch
     with torch.no_grad():
         s_states = action_states(student, batch)
         logp_s = F.log_softmax(s_states.logits(s_states.hidden, s_states.temperatures), -1)

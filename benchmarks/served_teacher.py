@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # opd_calls
 
 import torch  # noqa: E402
 
@@ -47,39 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
-    import gymnasium as gym
     import transformers
     import vllm
 
-    import memgym  # noqa: F401
-    from agents.backends.base import SamplingParams
-    from agents.backends.hf import HFBackend
     from agents.backends.vllm_serve import VLLMServer
-    from agents.memagent import MemAgent
-    from agents.models import load
-    from agents.rollout import rollout
     from memopd import estimators as est
     from memopd import losses
-    from memopd.learn.models import ensure_teacher, warm_start_student
     from memopd.learn.remote_teacher import RemoteTeacher
     from memopd.learn.teacher import LocalTeacher
-    from memopd.packing import pack_episodes
-    from memopd.train import TrainConfig
+    from opd_calls import opd_calls
 
-    cfg = TrainConfig(student_warmup_steps=args.warmup_steps, threads=1, progress=False)
-    student, tok = load("tiny")
-    warm_start_student(student, tok, cfg, log=lambda m: None)
-    teacher_dir = ensure_teacher(cfg, log=lambda m: None)
-    teacher, t_tok = load(teacher_dir)
-    teacher.eval().requires_grad_(False)
-    student.eval()
-    envs = [gym.make(cfg.env, split="train", tokenizer=tok) for _ in range(8)]
-    agent = MemAgent(backend=HFBackend(student, tok, seed=0), sampling=SamplingParams(temperature=1.0,
-                                                                                      max_new_tokens=24))
-    episodes = rollout(envs, agent, args.episodes, seed=0, progress=False)
-    batch = pack_episodes(episodes, 4096, mode="aligned")
+    calls = opd_calls(args.warmup_steps, args.episodes)
+    teacher, tok, teacher_dir, episodes, batch = calls.teacher, calls.tokenizer, calls.teacher_dir, calls.episodes, \
+        calls.batch
     n = batch.num_actions
-    local = LocalTeacher(teacher, t_tok, pack_tokens=4096)
+    local = LocalTeacher(teacher, tok, pack_tokens=4096)
     states = local.score(episodes, batch).states
     logp_t = losses.teacher_logprobs(states)
     vocab = logp_t.shape[-1]
