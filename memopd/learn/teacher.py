@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -30,10 +31,10 @@ import torch
 from agents.records import ROLES, Episode
 from memopd import distributed
 from memopd.config import ConfigError
-from memopd.estimators import TeacherScores
+from memopd.estimators import TeacherScores, teacher_targets
 from memopd.learn.models import default_teacher_dir, ensure_teacher, pad_id
 from memopd.packing import PackedBatch, fitting_budget, pack_episodes
-from memopd.retokenize import same_tokenizer, spread
+from memopd.retokenize import same_tokenizer, spread, view_episodes
 from memopd.scoring import ActionStates, action_states
 
 
@@ -84,10 +85,6 @@ class CrossTokenizerTeacher(LocalTeacher):
 
     @torch.no_grad()
     def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
-        from dataclasses import replace
-
-        from memopd.estimators import teacher_targets
-        from memopd.retokenize import view_episodes
 
         t0 = time.perf_counter()
         views = view_episodes(episodes, self.student_tokenizer, self.tokenizer)
@@ -149,8 +146,6 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
     from memopd.learn.remote_teacher import RemoteTeacher, is_url
 
     if is_url(cfg.teacher):
-        from agents.models import load
-
         k = cfg.opd_topk if cfg.opd_estimator == "topk" else 0  # the sampled estimator needs the action's only
         audit = load(cfg.teacher_audit_model, device=cfg.device)[0].eval().requires_grad_(False) \
             if cfg.teacher_audit_model else None
@@ -188,6 +183,10 @@ def check_other_tokenizer(cfg: Any, tokenizer: Any, student_tokenizer: Any, worl
         raise ConfigError(f"--teacher {cfg.teacher}: {what}. A teacher with another tokenizer gives the log-prob "
                           "of the student's text, not a distribution over the student's vocabulary: pass "
                           "--opd-estimator sampled, or use a teacher with the student's tokenizer")
+    if cfg.teacher_context != "aligned":
+        raise ConfigError(f"--teacher {cfg.teacher}: {what}. The persistent control flattens each episode by the "
+                          "record's spans, which name student tokens; a teacher with another tokenizer scores in "
+                          "the aligned context (--teacher-context aligned)")
     if cfg.prune_opd:
         raise ConfigError(f"--teacher {cfg.teacher}: {what}. --prune-opd compares the teacher's and the "
                           "student's distributions token by token; it needs a teacher with the student's tokenizer")
