@@ -170,6 +170,14 @@ def test_what_a_served_teacher_cannot_do_is_one_error_line(tmp_path, capsys, ext
     assert says in err and err.startswith("error: --teacher http://127.0.0.1:9/v1") and "Traceback" not in err
 
 
+def test_an_audit_copy_without_a_served_teacher_is_one_error_line(tmp_path, capsys):
+    from memopd import train
+
+    assert train.main(FAST + ["--run-dir", str(tmp_path / "run"), "--teacher-audit-model", "tiny-teacher"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --teacher-audit-model tiny-teacher: it audits a served teacher") and "Traceback" not in err
+
+
 def test_an_unreachable_teacher_server_is_one_error_line(tmp_path, capsys):
     from memopd import train
 

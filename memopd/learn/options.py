@@ -165,6 +165,9 @@ class ServedTeacherOptions:
         from memopd.learn.remote_teacher import is_url
 
         cfg: Any = self
+        if cfg.teacher_audit_model and not is_url(cfg.teacher):
+            raise ConfigError(f"--teacher-audit-model {cfg.teacher_audit_model}: it audits a served teacher "
+                              "(--teacher URL); a local teacher is scored in this process, audited by --audit-every")
         if not (is_url(cfg.teacher) and cfg.opd_coef > 0):
             return
         if cfg.opd_estimator == "full":
