@@ -283,8 +283,10 @@ def export_and_eval(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     b = args.budget
     run_dir = arm_dir(out, "ppo+memopd" if "ppo+memopd" in args.arm_list else args.arm_list[0], args.seed)
     export = out / "export" / "student"
+    source = out / "export" / "source.txt"  # the run it was made from (a later seed reuses seed 0's export)
     if not (export / "config.json").is_file():
         check(run_cli(["-m", "memopd.export", str(run_dir), "--out", str(export), "--overwrite"]), "export")
+        source.write_text(str(run_dir))
     summary = out / "eval-export" / "summary.json"
     if not summary.is_file():
         cmd = ["-m", "memopd.eval", "--model", str(export), "--agent", "memagent", *env_flags(),
@@ -294,7 +296,8 @@ def export_and_eval(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         check(run_cli(cmd), "memopd.eval of the export")
     s = json.loads(summary.read_text())
     size = sum(f.stat().st_size for f in export.iterdir() if f.is_file())
-    return {"path": str(export), "from": str(run_dir), "f1": s["f1"], "em": s["em"], "episodes": s["episodes"],
+    made_from = source.read_text() if source.is_file() else str(run_dir)
+    return {"path": str(export), "from": made_from, "f1": s["f1"], "em": s["em"], "episodes": s["episodes"],
             "bytes": size}
 
 
