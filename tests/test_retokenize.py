@@ -90,6 +90,11 @@ def test_a_text_the_teachers_normaliser_changed_is_aligned_by_characters(toks):
     assert not a.text_match and a.num_chunks == 3
     assert a.student_chunk == (0, 1, 2, 2, 2, 2, 2) and a.teacher_chunk == (0, 1, 2)
     assert sum(spread([-0.5] * len(t_ids), a)) == pytest.approx(-0.5 * len(t_ids))
+    # a token after the changed text: only the carried ends keep ' at' its own chunk ({1, 6, 9},
+    # not {1, 9}, which the teacher's own offsets {1, 7, 10} would give)
+    s_ids = ids(s, ["Ċ", "w", "o", "r", "k", "s", "Ġat"])
+    b = align(s_ids, encode(t, "\nworks at"), s, t)
+    assert b.num_chunks == 3 and b.student_chunk == (0, 1, 1, 1, 1, 1, 2)
     from memopd.retokenize import map_offsets
 
     assert map_offsets([3, 4, 5, 10], " at\n works", " at\nworks") == [3, 4, 4, 9]
