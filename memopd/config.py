@@ -96,9 +96,11 @@ class TrainingOptions(Config):
                                        "torch.autocast with the weights and optimizer state kept in fp32 (bf16 "
                                        "weights lose the small updates of fine-tuning); measured slower than "
                                        "float32 on a CPU without AMX (docs/BENCHMARKS.md)", choices=COMPUTE_DTYPES)
-    gradient_checkpointing: bool = field(False, help="recompute each decoder layer's activations in the backward "
-                                                     "pass instead of keeping them: far less memory for a real "
-                                                     "model's packed rows, for more compute (docs/BENCHMARKS.md)")
+    gradient_checkpointing: bool | None = field(None, help="recompute each decoder layer's activations in the "
+                                                           "backward pass instead of keeping them: far less memory "
+                                                           "for a real model's packed rows, for more compute "
+                                                           "(docs/BENCHMARKS.md); default on for a model of "
+                                                           "10M parameters or more, off below (the tiny presets)")
     progress: bool = field(True, help="progress bars")
 
 

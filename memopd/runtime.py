@@ -7,8 +7,10 @@ them, so the config module stays free of torch.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterator
 
 from memopd.config import COMPUTE_DTYPES, LR_SCHEDULES, ConfigError, TrainingOptions
 
@@ -21,6 +23,18 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+MEMORY_SAVING_PARAMS = 10_000_000
+"""Models of this many parameters or more get the memory-saving defaults (gradient checkpointing,
+one packed row per forward): their peak is the activations of many layers over a packed row
+(SmolLM2-135M: GiBs). The tiny presets (0.6M-1.2M parameters) peak at a few hundred MiB, where
+the defaults keep the faster single pass."""
+
+
+def memory_saving(model: Any) -> bool:
+    """Whether ``model`` gets the memory-saving defaults (:data:`MEMORY_SAVING_PARAMS`)."""
+    return sum(p.numel() for p in model.parameters()) >= MEMORY_SAVING_PARAMS
+
+
 def prepare_model(model: Any, options: TrainingOptions) -> Any:
     """Apply the LoRA options (``--lora-r`` > 0: adapters injected in place, the rest frozen; see
     :mod:`memopd.learn.lora`) and the memory options of ``options`` to a model about to be
@@ -29,7 +43,10 @@ def prepare_model(model: Any, options: TrainingOptions) -> Any:
         from memopd.learn.lora import apply
 
         apply(model, options)
-    if options.gradient_checkpointing:
+    checkpointing = options.gradient_checkpointing
+    if checkpointing is None:  # the default: by the model's size
+        checkpointing = memory_saving(model) and getattr(model, "supports_gradient_checkpointing", False)
+    if checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ConfigError(f"--gradient-checkpointing: {type(model).__name__} does not support it")
         from memopd.attention import enable_activation_checkpointing
@@ -78,3 +95,23 @@ def peak_rss_mb() -> float:
     except ImportError:  # Windows
         return 0.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class PhaseTimes:
+    """Wall-clock seconds of a step's named phases, added up over repeated entries; read as
+    ``time/<phase>_s`` metrics (the step's profile: docs/BENCHMARKS.md)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"time/{k}_s": v for k, v in self.seconds.items()}
+

@@ -88,6 +88,25 @@ def action_states(model: torch.nn.Module, batch: PackedBatch, *, lowering: str |
     return ActionStates(hidden, head, temps, vocab_size=vocab_size)
 
 
+def row_grouped_states(states_of: Callable[[PackedBatch], ActionStates], batch: PackedBatch,
+                       rows: int) -> ActionStates:
+    """``states_of(batch)`` computed over groups of ``rows`` packed rows at a time and put back in
+    ``batch``'s action order: the same states, with one group's activations alive at a time (for
+    passes without a backward: the teacher's, the trainer's old log-probs)."""
+    if rows < 1 or batch.num_rows <= rows:
+        return states_of(batch)
+    parts = [(part, states_of(part)) for part in batch.micro_batches(rows)]
+    first = parts[0][1]
+    position = torch.empty(int(batch.action_uid.max()) + 1 if batch.num_actions else 0, dtype=torch.long)
+    position[batch.action_uid] = torch.arange(batch.num_actions)
+    hidden = first.hidden.new_empty(batch.num_actions, first.hidden.shape[-1])
+    temps = first.temperatures.new_empty(batch.num_actions)
+    for part, states in parts:
+        at = position[part.action_uid].to(hidden.device)
+        hidden[at], temps[at] = states.hidden, states.temperatures
+    return replace(first, hidden=hidden, temperatures=temps)
+
+
 def token_logprobs(states: ActionStates, targets: torch.Tensor, *, chunk_size: int = 1024,
                    full_logdist: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per action: log p(target), entropy, and optionally the full log-distribution ``[N, V]``."""

@@ -60,3 +60,68 @@ def test_micro_batches_change_nothing_when_off(tmp_path):
     """0 (the default) keeps one forward per minibatch."""
     t = _trainer(tmp_path / "r")
     assert t.cfg.micro_batch_rows == 0
+
+
+def test_row_groups_give_the_teachers_states_and_the_old_logprobs_of_the_whole_batch(tmp_path):
+    """The passes without a backward (the teacher's scoring, the trainer's log-probs) run one row
+    group at a time under --micro-batch-rows and put the states back in the batch's action order:
+    the same numbers as one forward over every row."""
+    from memopd.packing import pack_episodes
+    from memopd.scoring import action_states
+
+    t = _trainer(tmp_path / "r", "--micro-batch-rows", "1")
+    episodes = t.rollout()
+    batch = pack_episodes(episodes, 256, mode="aligned")
+    assert batch.num_rows >= 3
+    assert t.teacher.rows_per_forward == 1
+    grouped = t.teacher.action_states(batch)
+    whole = action_states(t.teacher.model, batch).detach()  # every row in one forward
+    assert grouped.hidden.shape == whole.hidden.shape
+    assert torch.allclose(grouped.hidden, whole.hidden, atol=1e-5)
+    assert torch.equal(grouped.temperatures, whole.temperatures)
+    # a sub-batch (a minibatch's rows): its own action order, uids kept
+    sub = batch.select_rows([2, 0])
+    sub_states = t.teacher.action_states(sub)
+    assert torch.allclose(sub_states.hidden, whole.hidden[sub.action_uid], atol=1e-5)
+
+    from memopd.scoring import token_logprobs
+
+    per_row = t.updater.trainer_logprobs([batch], batch.num_actions)
+    ref, _, _ = token_logprobs(action_states(t.student, batch), batch.action_ids)
+    assert torch.allclose(per_row, ref.detach().float(), atol=1e-5)
+
+
+def test_the_memory_defaults_follow_the_students_size():
+    """--micro-batch-rows and --gradient-checkpointing left at their defaults: one packed row per
+    forward and checkpointed layers for a model of 10M parameters or more (in one process), every
+    row at once without checkpointing for a tiny preset; a value given is kept."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from agents.models import load
+    from memopd.learn.models import resolve_memory_defaults
+    from memopd.runtime import MEMORY_SAVING_PARAMS, memory_saving, prepare_model
+
+    big = Qwen2ForCausalLM(Qwen2Config(vocab_size=2048, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                                       num_attention_heads=8, num_key_value_heads=2))
+    tiny = load("tiny")[0]
+    assert sum(p.numel() for p in big.parameters()) >= MEMORY_SAVING_PARAMS > sum(p.numel() for p in tiny.parameters())
+    assert memory_saving(big) and not memory_saving(tiny)
+    cfg = train.TrainConfig()
+    assert cfg.micro_batch_rows is None and cfg.gradient_checkpointing is None
+    r = resolve_memory_defaults(cfg, big)
+    assert (r.micro_batch_rows, r.gradient_checkpointing) == (1, True)
+    r = resolve_memory_defaults(cfg, tiny)
+    assert (r.micro_batch_rows, r.gradient_checkpointing) == (0, False)
+    r = resolve_memory_defaults(cfg, big, world_size=2)  # torchrun: the same row groups on every rank
+    assert (r.micro_batch_rows, r.gradient_checkpointing) == (0, True)
+    given = train.TrainConfig(micro_batch_rows=0, gradient_checkpointing=False)
+    r = resolve_memory_defaults(given, big)
+    assert (r.micro_batch_rows, r.gradient_checkpointing) == (0, False)
+    # the full-vocabulary chunk: one [chunk, V] float32 tensor within 32 MiB, at most 1024 tokens
+    assert resolve_memory_defaults(cfg, tiny).kl_chunk == 1024
+    wide = Qwen2ForCausalLM(Qwen2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    assert resolve_memory_defaults(cfg, wide).kl_chunk == 32 * 2**20 // (4 * 49152) == 170
+    assert resolve_memory_defaults(train.TrainConfig(kl_chunk=7), wide).kl_chunk == 7
+    assert prepare_model(big, cfg).is_activation_checkpointing  # the default, by size
+    assert not prepare_model(tiny, cfg).is_activation_checkpointing

@@ -21,6 +21,10 @@ FAST = ["--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-siz
 TIMING = {"tokens_per_s", "rollout_s", "step_s", "train_clock_s", "prune/monitor_s", "prune/rollout_saved_s"}
 
 
+def _timing(key: str) -> bool:
+    return key in TIMING or key.startswith("time/")  # time/<phase>_s: the step's profile
+
+
 def _cfg(tmp_path, *extra):
     cfg = train.TrainConfig()
     cfg = train.cfgmod.parse_args(train.TrainConfig, FAST + ["--run-dir", str(tmp_path)] + list(extra), "t", "")
@@ -86,7 +90,7 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert "resumed from" in out
 
     def steps(run):
-        return {r["step"]: {k: v for k, v in r.items() if k not in TIMING}
+        return {r["step"]: {k: v for k, v in r.items() if not _timing(k)}
                 for r in read_metrics(tmp_path / run) if "loss" in r}
 
     a, b = steps("full"), steps("killed")
@@ -169,7 +173,7 @@ RUN2 = ["--steps", "2", "--save-every", "1", "--sample-episodes", "2", "--audit-
 
 
 def _rows(run):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(run)]
+    return [{k: v for k, v in r.items() if not _timing(k)} for r in read_metrics(run)]
 
 
 def _same_rows(a, b):

@@ -83,6 +83,28 @@ def resolve_defaults(cfg: Any) -> Any:
     return dataclasses.replace(cfg, lr=lr, opd_divergence=div)
 
 
+KL_CHUNK_BYTES = 32 * 2**20
+KL_CHUNK_MAX = 1024
+
+
+def resolve_memory_defaults(cfg: Any, student: torch.nn.Module, world_size: int = 1) -> Any:
+    """Fill the memory defaults that depend on the student's size (:func:`memopd.runtime.memory_saving`):
+    ``--micro-batch-rows`` (1 for a large model in one process; under torchrun every rank would
+    need the same number of row groups, so 0) and ``--gradient-checkpointing`` (on for a large
+    model that supports it), and ``--kl-chunk`` (the action tokens whose ``[tokens, V]`` float32
+    logits fit :data:`KL_CHUNK_BYTES`: a backward through a chunk holds several such tensors, which
+    at SmolLM2's vocabulary and 1024 tokens was the largest term of the update's peak)."""
+    from memopd.runtime import memory_saving
+
+    large = memory_saving(student)
+    rows = cfg.micro_batch_rows if cfg.micro_batch_rows is not None else (1 if large and world_size == 1 else 0)
+    gc = cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None else \
+        large and getattr(student, "supports_gradient_checkpointing", False)
+    vocab = student.get_output_embeddings().weight.shape[0]
+    chunk = cfg.kl_chunk if cfg.kl_chunk is not None else max(1, min(KL_CHUNK_MAX, KL_CHUNK_BYTES // (4 * vocab)))
+    return dataclasses.replace(cfg, micro_batch_rows=rows, gradient_checkpointing=gc, kl_chunk=chunk)
+
+
 def pad_id(tokenizer: Any) -> int:
     """The id packed rows are padded with (0 when the tokenizer has no pad token)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -189,16 +189,22 @@ class UpdateOptions:
     ppo_epochs: int = field(4, help="passes over each rollout batch", range=(1, None))
     minibatches: int = field(1, help="minibatches per epoch (split by packed rows; raise it for big models)",
                              range=(1, None))
-    micro_batch_rows: int = field(0, help="packed rows per forward and backward within a minibatch: its gradient "
-                                          "is accumulated over row groups of this many before its one optimizer "
-                                          "step (the same update, a lower peak memory; 0: every row at once)",
-                                  range=(0, None))
+    micro_batch_rows: int | None = field(None, help="packed rows per forward: a minibatch's gradient is "
+                                                    "accumulated over row groups of this many before its one "
+                                                    "optimizer step, and the teacher's scoring and the old "
+                                                    "log-probs run in groups of this many too (the same update, "
+                                                    "a lower peak memory); 0: every row at once; default 1 for "
+                                                    "a model of 10M parameters or more in one process, else 0",
+                                         range=(0, None))
     critic_lr: float = field(1e-3, help="critic learning rate (GAE)", range=(0.0, 1.0))
     teacher_cache_mb: int = field(1024, help="keep the teacher's full-vocabulary log-probs of a step for all PPO "
                                              "epochs when they fit in this many MiB (N action tokens x vocabulary "
                                              "x 4 bytes); else each epoch projects the teacher again (0: always)",
                                   range=(0, None))
-    kl_chunk: int = field(1024, help="action tokens projected to the full vocabulary at a time", range=(1, None))
+    kl_chunk: int | None = field(None, help="action tokens projected to the full vocabulary at a time; default: "
+                                            "as many as keep one [tokens, vocabulary] float32 tensor within 32 MiB, "
+                                            "at most 1024 (SmolLM2's 49,152 tokens: 170; the tiny presets: 1024)",
+                                 range=(1, None))
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]

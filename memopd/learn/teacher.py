@@ -35,7 +35,7 @@ from memopd.estimators import TeacherScores, teacher_targets
 from memopd.learn.models import default_teacher_dir, ensure_teacher, pad_id
 from memopd.packing import PackedBatch, fitting_budget, pack_episodes
 from memopd.retokenize import same_tokenizer, spread, view_episodes
-from memopd.scoring import ActionStates, action_states
+from memopd.scoring import ActionStates, action_states, row_grouped_states
 
 
 class Teacher(ABC):
@@ -44,8 +44,10 @@ class Teacher(ABC):
     Prune-OPD's rollout monitor use them)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, context: str = "aligned",
-                 lowering: str | None = None, pack_tokens: int = 4096, roles: Sequence[str] = ROLES):
+                 lowering: str | None = None, pack_tokens: int = 4096, roles: Sequence[str] = ROLES,
+                 rows_per_forward: int = 0):
         self.model, self.tokenizer = model, tokenizer
+        self.rows_per_forward = rows_per_forward  # packed rows per forward (0: every row at once)
         self.context, self.lowering, self.pack_tokens, self.roles = context, lowering, pack_tokens, tuple(roles)
 
     @abstractmethod
@@ -68,7 +70,8 @@ class LocalTeacher(Teacher):
     """Whole weights in this process (one process, or a replica on every rank)."""
 
     def action_states(self, batch: PackedBatch) -> ActionStates:
-        return action_states(self.model, batch, lowering=self.lowering).detach()
+        return row_grouped_states(lambda part: action_states(self.model, part, lowering=self.lowering).detach(),
+                                  batch, self.rows_per_forward)
 
 
 class CrossTokenizerTeacher(LocalTeacher):
@@ -158,6 +161,7 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
     model, tokenizer = load(ensure_teacher(cfg, log), device=cfg.device)
     model.eval().requires_grad_(False)
     kw = dict(context=cfg.teacher_context, lowering=cfg.attn, pack_tokens=cfg.pack_tokens,
+              rows_per_forward=cfg.micro_batch_rows or 0,
               roles=ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,))
     if not same_tokenizer(tokenizer, student_tokenizer):
         check_other_tokenizer(cfg, tokenizer, student_tokenizer, world)

@@ -35,7 +35,7 @@ from memopd.learn.actor import Actor, Rollout, RolloutLimits
 from memopd.learn.advantage import compute_advantages, episode_rewards, role_masks
 from memopd.learn.env_check import check_env, check_env_settings
 from memopd.learn.lora import checkpoint_view, lora_on, trainable_parameters
-from memopd.learn.models import Critic, pad_id, resolve_defaults, warm_start_student
+from memopd.learn.models import Critic, pad_id, resolve_defaults, resolve_memory_defaults, warm_start_student
 from memopd.learn.options import TrainConfig
 from memopd.learn.plugin import (LossWeights, Plugin, PluginContext, RolloutFn, StepResult, TrainingError,
                                  WeighContext, plugin_options, resolve_plugin)
@@ -44,7 +44,7 @@ from memopd.learn.teacher import load_teacher
 from memopd.learn.update import PPOUpdate, UpdateInputs
 from memopd.packing import PackedBatch, pack_episodes
 from memopd.runlog import RunLogger, check_mirrors, plot_curves, read_metrics
-from memopd.runtime import compute_dtype, lr_lambda, peak_rss_mb, prepare_model, set_threads
+from memopd.runtime import PhaseTimes, compute_dtype, lr_lambda, peak_rss_mb, prepare_model, set_threads
 from memopd.scoring import ActionStates, action_states
 
 
@@ -75,6 +75,7 @@ class Trainer:
         check_mirrors(cfg.tensorboard, cfg.wandb_project)
         self.run_dir = Path(cfg.run_dir)
         self.student, self.tokenizer = load(cfg.model, device=cfg.device)
+        cfg = self.cfg = resolve_memory_defaults(cfg, self.student, distributed.launched_size())
         prepare_model(self.student, cfg)
         check_env_settings(cfg, self.tokenizer)
         self.teacher = load_teacher(cfg, self.tokenizer, self.world, log)
@@ -180,20 +181,28 @@ class Trainer:
         one a single process makes on all of them."""
         cfg, world = self.cfg, self.world
         t0 = time.perf_counter()
+        phase = self.updater.phases = PhaseTimes()  # the step's profile, time/<phase>_s
         own = distributed.own_episodes(episodes, world)
         local = [episodes[i] for i in own]
-        batch = pack_episodes(local, cfg.pack_tokens, mode="aligned", teacher_roles=self._teacher_roles(),
-                              pad_token_id=pad_id(self.tokenizer))
-        adv = compute_advantages(cfg, batch, episodes, own, world, self.ref, self.critic_fwd)
-        scores = self.teacher.score(local, batch) if self.teacher is not None else None
-        inputs = self.updater.prepare(batch, scores, any(p.needs_trainer_logprobs for p in self.plugins))
-        weights, plugin_stats = self.weigh(inputs, local, adv.weights, scored=scores is not None)
+        with phase("pack"):
+            batch = pack_episodes(local, cfg.pack_tokens, mode="aligned", teacher_roles=self._teacher_roles(),
+                                  pad_token_id=pad_id(self.tokenizer))
+        with phase("advantages"):
+            adv = compute_advantages(cfg, batch, episodes, own, world, self.ref, self.critic_fwd)
+        with phase("teacher"):
+            scores = self.teacher.score(local, batch) if self.teacher is not None else None
+        with phase("prepare"):  # the old log-probs' pass where one is needed, the teacher's kept distribution
+            inputs = self.updater.prepare(batch, scores, any(p.needs_trainer_logprobs for p in self.plugins))
+        with phase("weigh"):
+            weights, plugin_stats = self.weigh(inputs, local, adv.weights, scored=scores is not None)
         if scores is not None:
             plugin_stats.update(scores.metrics)
-        stats, token_kl = self.updater.run(inputs, adv, weights, role_masks(batch, local))
+        with phase("update"):  # forward + backward of every epoch and minibatch, and the optimizer steps
+            stats, token_kl = self.updater.run(inputs, adv, weights, role_masks(batch, local))
         if world.enabled:  # rollouts, evaluations and audits sample from the updated weights
             distributed.sync_twin(self.student, self.twin)
-        metrics = self._metrics(episodes, batch, rollout_s, time.perf_counter() - t0, {**stats, **plugin_stats})
+        metrics = self._metrics(episodes, batch, rollout_s, time.perf_counter() - t0,
+                                {**stats, **plugin_stats, **phase.metrics()})
         self._save_samples(episodes, own, batch, token_kl)
         return StepResult(self.step, episodes, own, batch, token_kl, metrics)
 

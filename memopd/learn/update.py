@@ -28,6 +28,7 @@ from memopd.estimators import TeacherScores
 from memopd.learn.advantage import Advantages
 from memopd.learn.plugin import LossWeights
 from memopd.packing import PackedBatch
+from memopd.runtime import PhaseTimes
 from memopd.scoring import ActionStates, token_logprobs
 
 
@@ -56,6 +57,7 @@ class PPOUpdate:
                  sched: Any, critic: Any = None, critic_fwd: Any = None, critic_opt: Any = None):
         self.cfg, self.world, self.student, self.student_states = cfg, world, student, student_states
         self.opt, self.sched = opt, sched
+        self.phases = PhaseTimes()  # the trainer gives each step its own
         self.critic, self.critic_fwd, self.critic_opt = critic, critic_fwd, critic_opt
 
     # -- before the epochs ----------------------------------------------------------------------
@@ -93,9 +95,11 @@ class PPOUpdate:
         weights (eval mode), in the batch's action order."""
         self.student.eval()
         out = torch.zeros(num_actions)
+        rows = self.cfg.micro_batch_rows
         for mb in minibatches:
-            lp, _, _ = token_logprobs(self.student_states(mb), mb.action_ids, chunk_size=self.cfg.kl_chunk)
-            out[mb.action_uid] = lp.float().cpu()
+            for part in mb.micro_batches(rows) if rows and mb.num_rows > rows else [mb]:
+                lp, _, _ = token_logprobs(self.student_states(part), part.action_ids, chunk_size=self.cfg.kl_chunk)
+                out[part.action_uid] = lp.float().cpu()
         return out
 
     def old_logprobs(self, batch: PackedBatch, trainer_logp: torch.Tensor | None
@@ -192,14 +196,15 @@ class PPOUpdate:
                 (cfg.vf_coef * vloss * world.size).backward()
             for k, v in terms.items():
                 sums[k] = sums.get(k, 0.0) + (v.item() if torch.is_tensor(v) else v)
-        gnorm = distributed.clip_gradients(self.student.parameters(), cfg.max_grad_norm, world)
-        if not torch.isfinite(gnorm):
-            self._zero_grads()
-            return None, parts
-        self.opt.step()
-        if self.critic is not None:
-            distributed.clip_gradients(self.critic.parameters(), cfg.max_grad_norm, world)
-            self.critic_opt.step()
+        with self.phases("optimizer"):  # clipping and the optimizer step, inside time/update_s
+            gnorm = distributed.clip_gradients(self.student.parameters(), cfg.max_grad_norm, world)
+            if not torch.isfinite(gnorm):
+                self._zero_grads()
+                return None, parts
+            self.opt.step()
+            if self.critic is not None:
+                distributed.clip_gradients(self.critic.parameters(), cfg.max_grad_norm, world)
+                self.critic_opt.step()
         totals = distributed.all_sum(list(sums.values()), world)
         return {**dict(zip(sums, totals)), "grad_norm": float(gnorm)}, parts
 
