@@ -21,7 +21,9 @@ First the losses are compared on the same initial weights (they must agree to ``
 relative); then each update (teacher forward, student forward and backward, optimizer step) is
 timed, interleaved, medians of ``--repeats``, each from the same initial weights; then each
 update's peak memory is measured in a process of its own (the growth of resident memory over
-the process's resident memory before the update, sampled every millisecond). One torch thread.
+the process's resident memory before the update, sampled every millisecond, with every weight of
+both models read once before it and glibc returning freed blocks; see ``EXACT_MALLOC``). One torch
+thread.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -41,6 +44,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+
+
+EXACT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "1"}
+"""glibc settings of the memory processes: every block over 64 KiB is its own mapping, returned
+to the system when freed, so resident memory follows the live tensors (with the defaults, memory
+freed by the rollout is reused by the update without showing as growth, and the figure depends
+on what ran before)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,9 +66,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--trl-micro-batch", type=int, default=8, help="TRL's per_device_train_batch_size")
     ap.add_argument("--trl-checkpointing", action=argparse.BooleanOptionalAction, default=True,
-                    help="TRL's gradient checkpointing (on by default in DistillationConfig)")
-    ap.add_argument("--micro-batch-rows", type=int, default=0, help="memopd's --micro-batch-rows")
-    ap.add_argument("--repeats", type=int, default=3)
+                    help="TRL's activation checkpointing (on by default in DistillationConfig; switched on as "
+                         "Trainer.train() does)")
+    ap.add_argument("--micro-batch-rows", type=int, default=None, help="memopd's --micro-batch-rows (default: "
+                    "memopd's own)")
+    ap.add_argument("--pack-tokens", type=int, default=None, help="memopd's --pack-tokens (default: its own)")
+    ap.add_argument("--memopd-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                    help="memopd's --gradient-checkpointing (default: memopd's own)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed updates of each tool (0: only the loss check "
+                    "and the memory)")
     ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance of the loss agreement")
     ap.add_argument("--memory", choices=("memopd", "trl"), default=None, help=argparse.SUPPRESS)  # a child
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
@@ -76,11 +92,17 @@ def memopd_trainer(args: argparse.Namespace, run_dir: str) -> Any:
             "--questions-per-step", str(args.questions), "--group-size", str(args.group_size),
             "--agent-kwarg", f"template={args.template}", "--eval-every", "0", "--eval-episodes", "1",
             "--sample-episodes", "0", "--audit-every", "0", "--threads", "1", "--no-progress",
-            "--micro-batch-rows", str(args.micro_batch_rows), "--run-dir", run_dir, "--teacher-cache-mb", "0"]
+            "--run-dir", run_dir, "--teacher-cache-mb", "0"]
+    if args.micro_batch_rows is not None:
+        argv += ["--micro-batch-rows", str(args.micro_batch_rows)]
     for kv in args.env_kwarg:
         argv += ["--env-kwarg", kv]
     if args.max_new_tokens:
         argv += ["--max-new-tokens", str(args.max_new_tokens)]
+    if args.pack_tokens:
+        argv += ["--pack-tokens", str(args.pack_tokens)]
+    if args.memopd_checkpointing is not None:
+        argv += ["--gradient-checkpointing" if args.memopd_checkpointing else "--no-gradient-checkpointing"]
     if args.warmup_steps is not None:
         argv += ["--student-warmup-steps", str(args.warmup_steps)]
     cfg = train.prepare(train.cfgmod.parse_args(train.TrainConfig, argv, "vs_trl", ""))
@@ -104,6 +126,11 @@ class TRLArm:
                                            train_dataset=Dataset.from_dict({"prompt": ["x"]}),
                                            processing_class=tokenizer)
         self.model = self.trainer.model
+        if getattr(self.model, "is_activation_checkpointing", False):  # a copy of a student memopd checkpoints
+            self.model.activation_checkpointing_disable()
+        if args.trl_checkpointing:  # what Trainer.train() switches on before its loop (not at construction)
+            kwargs = dict(self.trainer.args.activation_checkpointing_kwargs or {})
+            self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None)
         self.opt = self.trainer.create_optimizer()
         self.pad = tokenizer.pad_token_id
         self.batches = [self._batch(calls[i:i + args.trl_micro_batch])
@@ -180,15 +207,27 @@ def setup(args: argparse.Namespace, tmp: str) -> tuple[Any, Any, list[Any], dict
     return trainer, episodes, calls_of(episodes), init_student, init_opt
 
 
+def fault_in(*models: torch.nn.Module) -> None:
+    """Read every weight once: weights loaded from safetensors are mapped from the file and become
+    resident at their first use, which would count a model's whole size to whichever tool first
+    runs it."""
+    with torch.no_grad():
+        for model in models:
+            for p in model.parameters():
+                p.sum()
+
+
 def child_memory(args: argparse.Namespace) -> int:
     """One update of one tool in this (fresh) process: its peak resident-memory growth, as JSON."""
     with tempfile.TemporaryDirectory() as tmp:
         trainer, episodes, calls, _, _ = setup(args, tmp)
+        fault_in(trainer.student, trainer.teacher.model)
         if args.memory == "memopd":
             _, mib = peak_rss_growth(lambda: trainer.update(episodes))
         else:
             arm = TRLArm(copy.deepcopy(trainer.student), trainer.teacher.model, trainer.tokenizer, calls, args,
                          str(Path(tmp) / "trl"))
+            fault_in(arm.model, arm.trainer.teacher_model if hasattr(arm.trainer, "teacher_model") else arm.model)
             _, mib = peak_rss_growth(arm.update)
     print(json.dumps({"peak_mib": mib}))
     return 0
@@ -239,24 +278,28 @@ def main(argv: list[str] | None = None) -> int:
             "call_tokens": sum(c.total_len for c in calls), "trl_computed_tokens": arm.tokens_computed,
             "memopd_batch_tokens": batch_tokens, "trl_micro_batch": args.trl_micro_batch,
             "trl_gradient_checkpointing": args.trl_checkpointing,
-            "micro_batch_rows": args.micro_batch_rows, "loss": {"memopd": m_loss, "trl": t_loss, "relative_diff": rel,
+            "memopd_settings": {k: getattr(trainer.cfg, k) for k in ("micro_batch_rows", "gradient_checkpointing",
+                                                                      "pack_tokens", "kl_chunk")},
+            "loss": {"memopd": m_loss, "trl": t_loss, "relative_diff": rel,
                                                                  "agree": agree, "tol": args.tol},
-            "update_s": {k: statistics.median(v) for k, v in times.items()}, "raw_s": times,
+            "update_s": {k: statistics.median(v) if v else None for k, v in times.items()}, "raw_s": times,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
             "command": "python benchmarks/vs_trl.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    report["speedup"] = report["update_s"]["trl"] / report["update_s"]["memopd"]
+    report["speedup"] = report["update_s"]["trl"] / report["update_s"]["memopd"] if args.repeats else None
     if not args.no_memory:
         base = [sys.executable, str(Path(__file__).resolve())] + (argv if argv is not None else sys.argv[1:])
         peaks = {}
         for tool in ("memopd", "trl"):
-            out = subprocess.run(base + ["--memory", tool], capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(base + ["--memory", tool], capture_output=True, text=True, check=True,
+                                 env={**os.environ, **EXACT_MALLOC}).stdout
             peaks[tool] = json.loads(out.strip().splitlines()[-1])["peak_mib"]
         report["peak_mib"] = peaks
         report["memory_ratio"] = peaks["memopd"] / max(peaks["trl"], 1e-9)
-    print(f"{len(calls)} calls, {report['action_tokens']} completion tokens; update s: memopd "
-          f"{report['update_s']['memopd']:.3f}, TRL {report['update_s']['trl']:.3f} (TRL / memopd "
-          f"{report['speedup']:.2f}x)" + (f"; peak MiB: memopd {report['peak_mib']['memopd']:.0f}, TRL "
-                                          f"{report['peak_mib']['trl']:.0f}" if "peak_mib" in report else ""))
+    timing = (f"update s: memopd {report['update_s']['memopd']:.3f}, TRL {report['update_s']['trl']:.3f} (TRL / "
+              f"memopd {report['speedup']:.2f}x)" if args.repeats else "not timed")
+    memory = (f"; peak MiB: memopd {report['peak_mib']['memopd']:.0f}, TRL {report['peak_mib']['trl']:.0f}"
+              if "peak_mib" in report else "")
+    print(f"{len(calls)} calls, {report['action_tokens']} completion tokens; {timing}{memory}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0 if agree else 1
