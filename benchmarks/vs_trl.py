@@ -271,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-        batch_tokens = int(m.get("tokens", 0)) or None
+        from memopd.packing import pack_episodes
+
+        batch_tokens = pack_episodes(episodes, trainer.cfg.pack_tokens, mode="aligned").num_real_tokens
         report: dict[str, Any] = {
             "model": args.model, "teacher": args.teacher, "template": args.template, "questions": args.questions,
             "group_size": args.group_size, "calls": len(calls), "action_tokens": sum(len(c.response_ids) for c in calls),
