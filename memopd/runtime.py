@@ -35,6 +35,17 @@ def memory_saving(model: Any) -> bool:
     return sum(p.numel() for p in model.parameters()) >= MEMORY_SAVING_PARAMS
 
 
+def adamw(params: Any, model: Any, **kwargs: Any) -> Any:
+    """AdamW for ``model``'s ``params``: fused (one kernel over every tensor, no per-tensor
+    temporaries) for a model that gets the memory-saving defaults; torch's default
+    implementation otherwise. The default's temporaries are the size of the largest tensor it
+    steps, and at SmolLM2 that is the 113 MiB embedding: its step peaked 0.2 GiB above the
+    gradients and optimizer state (docs/BENCHMARKS.md)."""
+    import torch
+
+    return torch.optim.AdamW(params, fused=True if memory_saving(model) else None, **kwargs)
+
+
 def prepare_model(model: Any, options: TrainingOptions) -> Any:
     """Apply the LoRA options (``--lora-r`` > 0: adapters injected in place, the rest frozen; see
     :mod:`memopd.learn.lora`) and the memory options of ``options`` to a model about to be

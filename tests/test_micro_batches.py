@@ -123,5 +123,9 @@ def test_the_memory_defaults_follow_the_students_size():
                                         num_attention_heads=2, num_key_value_heads=1))
     assert resolve_memory_defaults(cfg, wide).kl_chunk == 32 * 2**20 // (4 * 49152) == 170
     assert resolve_memory_defaults(train.TrainConfig(kl_chunk=7), wide).kl_chunk == 7
+    from memopd.runtime import adamw
+
+    assert adamw(big.parameters(), big, lr=1e-3).defaults["fused"] is True  # no per-tensor temporaries
+    assert not adamw(tiny.parameters(), tiny, lr=1e-3).defaults["fused"]
     assert prepare_model(big, cfg).is_activation_checkpointing  # the default, by size
     assert not prepare_model(tiny, cfg).is_activation_checkpointing

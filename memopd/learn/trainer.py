@@ -44,7 +44,7 @@ from memopd.learn.teacher import load_teacher
 from memopd.learn.update import PPOUpdate, UpdateInputs
 from memopd.packing import PackedBatch, pack_episodes
 from memopd.runlog import RunLogger, check_mirrors, plot_curves, read_metrics
-from memopd.runtime import PhaseTimes, compute_dtype, lr_lambda, peak_rss_mb, prepare_model, set_threads
+from memopd.runtime import PhaseTimes, adamw, compute_dtype, lr_lambda, peak_rss_mb, prepare_model, set_threads
 from memopd.scoring import ActionStates, action_states
 
 
@@ -88,7 +88,7 @@ class Trainer:
         self.plugins = self._make_plugins()
         self.collect = self._rollout_chain()
         # a LoRA student: the adapters only (a full-weight one: every parameter, as parameters() lists them)
-        opt = torch.optim.AdamW(trainable_parameters(self.student), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt = adamw(trainable_parameters(self.student), self.student, lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps,
                                                                  cfg.lr_floor))
         critic_opt = (torch.optim.AdamW(trainable_parameters(self.critic), lr=cfg.critic_lr)
