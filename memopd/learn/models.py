@@ -92,8 +92,9 @@ def resolve_memory_defaults(cfg: Any, student: torch.nn.Module, world_size: int 
     ``--micro-batch-rows`` (1 for a large model in one process; under torchrun every rank would
     need the same number of row groups, so 0) and ``--gradient-checkpointing`` (on for a large
     model that supports it), and ``--kl-chunk`` (the action tokens whose ``[tokens, V]`` float32
-    logits fit :data:`KL_CHUNK_BYTES`: a backward through a chunk holds several such tensors, which
-    at SmolLM2's vocabulary and 1024 tokens was the largest term of the update's peak)."""
+    logits fit :data:`KL_CHUNK_BYTES`: a backward through a chunk holds several such tensors, about
+    0.2 GiB each at SmolLM2's vocabulary and 1024 tokens). ``prepare_model`` applies the same
+    checkpointing rule for ``memopd.sft``, which has no row groups."""
     from memopd.runtime import memory_saving
 
     large = memory_saving(student)
