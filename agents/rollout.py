@@ -18,6 +18,7 @@ sub-environment is reset at once, so any autoreset mode works).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -99,6 +100,10 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
 
     f1_sum, done = 0.0, 0
     bar = tqdm(total=len(plans), desc=f"rollout {agent.name}", unit="ep", disable=not progress)
+    # the weights are fixed for the rollout: the backend may keep each episode's prefix between calls
+    backend = getattr(agent, "backend", None)
+    scope = backend.prefix_scope() if callable(getattr(backend, "prefix_scope", None)) else contextlib.nullcontext()
+    stack = contextlib.ExitStack()
 
     def start(slot: int) -> None:
         plan = next(queue, None)
@@ -111,6 +116,7 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
         running[slot] = (plan, obs, info)
 
     try:
+        stack.enter_context(scope)
         for slot in range(slots.n):
             start(slot)
         while running:
@@ -144,6 +150,7 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
                 bar.set_postfix(f1=f"{f1_sum / done:.3f}", refresh=False)
                 start(slot)
     finally:
+        stack.close()
         bar.close()
         for slot in list(running):
             agent.abort_episode(slot)

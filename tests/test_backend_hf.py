@@ -257,3 +257,99 @@ def test_smollm2_logprobs_match_rescoring_and_answers():
         assert (torch.tensor(inv.logprobs) - rescore(model, inv, t)).abs().max().item() <= 1e-4
     single = backend.generate(reqs[:1], SamplingParams(greedy=True, max_new_tokens=24))[0]
     assert single.response_ids == greedy[0].response_ids
+
+
+def episode_calls(tokenizer, turn: int) -> list[GenerationRequest]:
+    """Three episodes' calls at one turn: each starts with its episode's prefix (instructions +
+    question, shared by every turn), then a memory and a chunk that differ from turn to turn."""
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    reqs = []
+    for e, question in enumerate(["who is carol ?", "where does bob work ?", "who is carol ?"]):
+        prefix = enc("read the chunks and answer . " + question)
+        rest = enc(f"memory {e} {turn} . " + "alice works at the museum . " * (1 + (e + turn) % 3))
+        reqs.append(GenerationRequest(prompt_ids=prefix + rest, prefix_len=len(prefix), role="memory", turn=turn,
+                                      position_offset=(0, 0, 3)[e]))
+    return reqs
+
+
+def counting_forward(model, widths: list[tuple[int, int]]):
+    forward = model.forward
+    model.forward = lambda *a, **kw: widths.append(tuple(kw["input_ids"].shape)) or forward(*a, **kw)
+
+
+def test_episode_prefixes_are_prefilled_once_per_scope_and_records_equal_rescoring(tiny):
+    """Within a prefix scope an episode's prefix is prefilled at its first call only: later calls
+    prefill just the rest of their prompts. Episodes 0 and 2 share the question but not its
+    positions, so they keep two prefixes. Every record equals a fresh one-pass re-scoring, and the
+    samples equal those of a backend that keeps nothing."""
+    model, tok = tiny
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6, seed=3)
+    backend, plain = HFBackend(model, tok), HFBackend(model, tok, prefix_cache_mb=0)
+    widths: list[tuple[int, int]] = []
+    counting_forward(model, widths)
+    try:
+        with backend.prefix_scope():
+            turns = []
+            for turn in range(3):
+                widths.clear()
+                turns.append(backend.generate(episode_calls(tok, turn), sp))
+                reqs = episode_calls(tok, turn)
+                suffix = max(len(r.prompt_ids) - r.prefix_len for r in reqs)
+                if turn == 0:  # three distinct prefixes prefilled, then the three rests after them
+                    assert widths[0] == (3, max(r.prefix_len for r in reqs)) and widths[1] == (3, suffix)
+                else:  # the prefixes come from the cache
+                    assert widths[0] == (3, suffix)
+        widths.clear()
+        alone = [plain.generate(episode_calls(tok, turn), sp) for turn in range(3)]
+        assert widths[0][1] == max(len(r.prompt_ids) for r in episode_calls(tok, 0))  # whole prompts
+    finally:
+        del model.forward
+    for got, ref in zip(turns, alone):
+        assert [x.response_ids for x in got] == [x.response_ids for x in ref]
+        for inv in got:
+            assert (torch.tensor(inv.logprobs) - rescore(model, inv, 1.0)).abs().max().item() <= 1e-4
+
+
+def test_the_prefix_cache_empties_when_the_weights_or_the_policy_change(tiny):
+    """Keys/values are only valid for the weights that made them: an in-place change of a
+    parameter, a new ``policy_version`` or the scope's end drops them; records then equal a
+    re-scoring by the new weights (stale prefixes would not)."""
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    backend = HFBackend(model, tok)
+    sp = SamplingParams(greedy=True, max_new_tokens=6)
+    weight = model.get_input_embeddings().weight
+
+    def check() -> None:
+        for inv in backend.generate(episode_calls(tok, 1), sp):
+            assert (torch.tensor(inv.logprobs) - rescore(model, inv)).abs().max().item() <= 1e-4
+
+    with backend.prefix_scope():
+        backend.generate(episode_calls(tok, 0), sp)
+        with torch.no_grad():
+            weight.mul_(1.5)  # an update through autograd's view of the parameter
+        check()
+        with torch.no_grad():
+            weight.data.mul_(1.5)  # unseen by the version counter: the policy version says it
+        backend.policy_version += 1
+        check()
+    with torch.no_grad():
+        weight.data.mul_(0.5)
+    with backend.prefix_scope():
+        check()
+    assert backend._prefix_cache is None
+
+
+def test_a_rollout_opens_a_prefix_scope(tiny):
+    model, tok = tiny
+    backend = HFBackend(model, tok)
+    seen = []
+    generate = backend.generate
+    backend.generate = lambda reqs, sp: seen.append(backend._prefix_cache) or generate(reqs, sp)
+    import memgym
+    from agents import MemAgent
+    from agents.rollout import rollout
+    envs = [memgym.make("memgym/LongQA-v0", num_chunks=2, chunk_size=24) for _ in range(2)]
+    rollout(envs, MemAgent(backend, SamplingParams(max_new_tokens=4, seed=0)), 2, progress=False)
+    assert seen and all(c is not None for c in seen) and len({id(c) for c in seen}) == 1
+    assert backend._prefix_cache is None

@@ -9,9 +9,10 @@ that implements :meth:`Backend.generate` with these semantics drops in unchanged
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ContextManager
 
 from agents.records import ROLES, Invocation
 
@@ -128,6 +129,12 @@ class Backend(ABC):
     policy_version: int = 0
     name: str = "backend"
     max_context: int | None = None
+
+    def prefix_scope(self) -> ContextManager[None]:
+        """A span of calls by fixed weights (one rollout), within which the backend may keep the
+        keys/values of episode prefixes (``prompt_ids[:prefix_len]``) from call to call. The
+        rollout loop opens one; nothing is kept by default."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Invocation]:

@@ -6,7 +6,13 @@ full-vocabulary distribution sampled from, before top-k / top-p truncation).
 
 Batching: requests are sorted by prompt length and cut into micro-batches of at most
 ``max_batch_size`` rows (less padding); each micro-batch is left-padded, prefilled once, then
-decoded one token per step with a KV cache until every row has stopped.
+decoded one token per step with a KV cache until every row has stopped. Identical prompts (a
+question's G samples at their first call) are prefilled once. Episode prefixes
+(``prompt_ids[:prefix_len]``: instructions + question, the start of every call of an episode and
+of every sample of its question) are prefilled once per call, and once per rollout within
+:meth:`HFBackend.prefix_scope`, which the rollout loop opens: their keys/values are kept (an LRU
+within ``prefix_cache_mb``) and each row prefills only the rest of its prompt after them. Models
+whose cache has sliding-window or recurrent layers prefill whole prompts.
 
 Sampling is batch-invariant: every request draws its uniforms from its own CPU generator seeded
 from (call seed, request index), so the same call gives the same samples whatever
@@ -15,12 +21,15 @@ from (call seed, request index), so the same call gives the same samples whateve
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
-from typing import Any
+from collections import OrderedDict
+from typing import Any, Iterator
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from agents.backends.base import Backend, GenerationRequest, SamplingParams, default_stop_ids
 from agents.records import Invocation
@@ -65,6 +74,8 @@ class HFBackend(Backend):
         max_batch_size: most rows per forward pass.
         seed: seeds the stream used by calls whose ``SamplingParams.seed`` is ``None``.
         name: a label for logs.
+        prefix_cache_mb: most MiB of episode-prefix keys/values kept from call to call within
+            :meth:`prefix_scope` (0: none).
     """
 
     def __init__(
@@ -76,9 +87,12 @@ class HFBackend(Backend):
         max_batch_size: int = 32,
         seed: int = 0,
         name: str | None = None,
+        prefix_cache_mb: float = 256.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0 (got {prefix_cache_mb})")
         emb_rows = model.get_input_embeddings().weight.shape[0]
         if emb_rows < len(tokenizer):
             raise ValueError(
@@ -99,12 +113,33 @@ class HFBackend(Backend):
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._stream = torch.Generator().manual_seed(seed)
+        # sliding-window, recurrent or other special cache layers keep their own state: their
+        # prefixes are prefilled with each prompt
+        plain = [type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers]
+        self.prefix_cache_mb = prefix_cache_mb
+        self._prefix_ok = bool(plain) and all(plain)
+        self._prefix_cache: PrefixCache | None = None  # only within a prefix_scope()
 
     # ------------------------------------------------------------------ public
     def reseed(self, seed: int) -> None:
         """Restart the backend's seed stream (used by calls whose ``SamplingParams.seed`` is None),
         so that a trainer replays a step's sampling exactly after a resume."""
         self._stream.manual_seed(seed)
+
+    @contextlib.contextmanager
+    def prefix_scope(self) -> Iterator[None]:
+        """Keep each episode prefix's keys/values from call to call until the scope ends (the
+        rollout loop's: the weights are fixed meanwhile). Inside it the cache still empties itself
+        when ``policy_version`` changes or a parameter is replaced or modified through autograd
+        (a fused optimizer step is not seen: close the scope before updating)."""
+        if self._prefix_cache is not None or not self._prefix_ok or self.prefix_cache_mb <= 0:  # nested, or none
+            yield
+            return
+        self._prefix_cache = PrefixCache(int(self.prefix_cache_mb * 2**20))
+        try:
+            yield
+        finally:
+            self._prefix_cache = None
 
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Invocation]:
@@ -118,14 +153,18 @@ class HFBackend(Backend):
             call_seed = int(torch.randint(0, 2**62, (1,), generator=self._stream))
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
         out: list[Invocation | None] = [None] * len(requests)
+        if self._prefix_cache is not None:
+            self._prefix_cache.check(self.policy_version, self.model)
         was_training = self.model.training  # a trainer may share this model; sample without dropout
         self.model.eval()
         try:
-            for start in range(0, len(order), self.max_batch_size):
-                idx = order[start:start + self.max_batch_size]
-                gens = [torch.Generator().manual_seed(_row_seed(call_seed, i)) for i in idx]
-                for i, inv in zip(idx, self._generate_batch([requests[i] for i in idx], gens, sampling, stop_ids)):
-                    out[i] = inv
+            with self.prefix_scope():  # outside a rollout's scope, prefixes are shared within this call
+                for start in range(0, len(order), self.max_batch_size):
+                    idx = order[start:start + self.max_batch_size]
+                    gens = [torch.Generator().manual_seed(_row_seed(call_seed, i)) for i in idx]
+                    for i, inv in zip(idx, self._generate_batch([requests[i] for i in idx], gens, sampling,
+                                                                stop_ids)):
+                        out[i] = inv
         finally:
             self.model.train(was_training)
         return out  # type: ignore[return-value]
@@ -170,18 +209,26 @@ class HFBackend(Backend):
         keys = [(tuple(r.prompt_ids), r.position_offset) for r in reqs]
         first = {k: i for i, k in reversed(list(enumerate(keys)))}
         uniq = sorted(set(first.values()))
-        if len(uniq) < B:
-            u = torch.tensor(uniq, device=dev)
-            out = self.model(input_ids=ids[u], attention_mask=mask[u], position_ids=pos[u], use_cache=True,
+        u = torch.tensor(uniq, device=dev)
+        shared = self._cached_prefixes([reqs[i] for i in uniq]) if self._prefix_cache is not None else None
+        if shared is not None:  # the episode prefixes' keys/values from the cache; prefill the rest
+            pkv, pmask, s_ids, s_mask, s_pos = shared
+            for layer, (k, v) in enumerate(pkv):
+                kv.update(k, v, layer)
+            u_mask = torch.cat([pmask, s_mask], dim=1)
+            out = self.model(input_ids=s_ids, attention_mask=u_mask, position_ids=s_pos, use_cache=True,
                              logits_to_keep=1, **cache)
+        else:
+            u_mask = mask[u]
+            out = self.model(input_ids=ids[u], attention_mask=u_mask, position_ids=pos[u], use_cache=True,
+                             logits_to_keep=1, **cache)
+        logits = out.logits[:, -1, :]
+        mask = u_mask
+        if len(uniq) < B:
             row_of = {i: n for n, i in enumerate(uniq)}  # request -> its row in the prefill
             expand = torch.tensor([row_of[first[k]] for k in keys], device=dev)
             kv.batch_select_indices(expand)
-            logits = out.logits[:, -1, :][expand]
-        else:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                             **cache)
-            logits = out.logits[:, -1, :]
+            logits, mask = logits[expand], mask[expand]
         next_pos = pos[:, -1] + 1
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
@@ -233,6 +280,67 @@ class HFBackend(Backend):
             ))
         return invs
 
+    def _cached_prefixes(self, reqs: list[GenerationRequest]) -> tuple | None:
+        """The rows' episode prefixes as keys/values (prefilled here where the cache lacks them),
+        and the rest of each prompt to prefill after them. None when no row has a prefix.
+
+        Returns per-layer ``[B, kv_heads, P, d]`` keys and values (each prefix right-aligned in P
+        columns, left-padded), the ``[B, P]`` mask of those columns, and the ``[B, S]`` left-padded
+        suffix ids, mask and positions."""
+        dev = self.device
+        # at least one token of each prompt is prefilled after its prefix: it gives the first logits
+        plens = [min(r.prefix_len, len(r.prompt_ids) - 1) for r in reqs]
+        keys = [(tuple(r.prompt_ids[:p]), r.position_offset) if p > 0 else None for r, p in zip(reqs, plens)]
+        if not any(keys):
+            return None
+        found = {k: self._prefix_cache.get(k) for k in dict.fromkeys(k for k in keys if k)}
+        missing = [k for k, v in found.items() if v is None]
+        for start in range(0, len(missing), self.max_batch_size):
+            found.update(self._prefill_prefixes(missing[start:start + self.max_batch_size]))
+        P, S = max(plens), max(len(r.prompt_ids) - p for r, p in zip(reqs, plens))
+        B = len(reqs)
+        pmask = torch.zeros((B, P), dtype=torch.long)
+        s_ids = torch.full((B, S), self.pad_id, dtype=torch.long)
+        s_mask = torch.zeros((B, S), dtype=torch.long)
+        s_pos = torch.zeros((B, S), dtype=torch.long)
+        layers = next(v for v in found.values())
+        pkv = [(k.new_zeros((B, *k.shape[:-2], P, k.shape[-1])), v.new_zeros((B, *v.shape[:-2], P, v.shape[-1])))
+               for k, v in layers]
+        for b, (r, p, key) in enumerate(zip(reqs, plens, keys)):
+            if key:
+                pmask[b, P - p:] = 1
+                for (k, v), (ek, ev) in zip(pkv, found[key]):
+                    k[b, ..., P - p:, :] = ek
+                    v[b, ..., P - p:, :] = ev
+            n = len(r.prompt_ids) - p
+            s_ids[b, S - n:] = torch.tensor(r.prompt_ids[p:])
+            s_mask[b, S - n:] = 1
+            s_pos[b, S - n:] = torch.tensor(r.prompt_positions()[p:])
+        return pkv, pmask.to(dev), s_ids.to(dev), s_mask.to(dev), s_pos.to(dev)
+
+    def _prefill_prefixes(self, keys: list[tuple[tuple[int, ...], int]]) -> dict:
+        """Prefill distinct prefixes (left-padded, their own positions); each one's per-layer
+        ``[kv_heads, p, d]`` keys and values, kept in the cache."""
+        W = max(len(ids) for ids, _ in keys)
+        ids = torch.full((len(keys), W), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(keys), W), dtype=torch.long)
+        pos = torch.zeros((len(keys), W), dtype=torch.long)
+        for j, (p_ids, offset) in enumerate(keys):
+            n = len(p_ids)
+            ids[j, W - n:] = torch.tensor(p_ids)
+            mask[j, W - n:] = 1
+            pos[j, W - n:] = torch.arange(offset, offset + n)
+        kv = DynamicCache(config=self.model.config)
+        self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                   position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1, **{self._cache_kw: kv})
+        out = {}
+        for j, key in enumerate(keys):
+            n = len(key[0])  # clones: an entry must not hold the whole batch's tensors alive
+            out[key] = [(layer.keys[j, ..., W - n:, :].clone(), layer.values[j, ..., W - n:, :].clone())
+                        for layer in kv.layers]
+            self._prefix_cache.put(key, out[key])
+        return out
+
     def _sample(self, logits: torch.Tensor, gens: list[torch.Generator], sp: SamplingParams
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row and its log-prob under the full-vocabulary softmax(logits / T)."""
@@ -249,3 +357,46 @@ class HFBackend(Backend):
         tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
         tok = tok.clamp_(max=logits.shape[-1] - 1)
         return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+class PrefixCache:
+    """Keys/values of episode prefixes (instructions + question: every call of an episode and
+    every sample of its question begin with it), so that each is prefilled once per policy
+    rather than once per call. LRU within a byte budget.
+
+    An entry is only valid for the weights that computed it: the cache empties itself when the
+    backend's ``policy_version`` changes or any parameter is replaced or modified in place
+    (tensor identity and autograd version counter), whichever a trainer's update does."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[Any, list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self.bytes = 0
+        self._stamp: Any = None
+
+    def check(self, policy_version: int, model: Any) -> None:
+        """Empty the cache unless the policy and its weights are the ones its entries came from."""
+        stamp = (policy_version, tuple((p.data_ptr(), p._version) for p in model.parameters()))
+        if stamp != self._stamp:
+            self.clear()
+            self._stamp = stamp
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+    def get(self, key: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        return None
+
+    def put(self, key: Any, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if size > self.max_bytes:
+            return
+        self.entries[key] = layers
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, old = self.entries.popitem(last=False)
+            self.bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in old)
