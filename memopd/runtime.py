@@ -46,6 +46,12 @@ def adamw(params: Any, model: Any, **kwargs: Any) -> Any:
     return torch.optim.AdamW(params, fused=True if memory_saving(model) else None, **kwargs)
 
 
+def default_checkpointing(model: Any) -> bool:
+    """``--gradient-checkpointing``'s default: on for a large model (:func:`memory_saving`) that
+    supports it."""
+    return memory_saving(model) and bool(getattr(model, "supports_gradient_checkpointing", False))
+
+
 def prepare_model(model: Any, options: TrainingOptions) -> Any:
     """Apply the LoRA options (``--lora-r`` > 0: adapters injected in place, the rest frozen; see
     :mod:`memopd.learn.lora`) and the memory options of ``options`` to a model about to be
@@ -56,7 +62,7 @@ def prepare_model(model: Any, options: TrainingOptions) -> Any:
         apply(model, options)
     checkpointing = options.gradient_checkpointing
     if checkpointing is None:  # the default: by the model's size
-        checkpointing = memory_saving(model) and getattr(model, "supports_gradient_checkpointing", False)
+        checkpointing = default_checkpointing(model)
     if checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ConfigError(f"--gradient-checkpointing: {type(model).__name__} does not support it")

@@ -94,13 +94,12 @@ def resolve_memory_defaults(cfg: Any, student: torch.nn.Module, world_size: int 
     model that supports it), and ``--kl-chunk`` (the action tokens whose ``[tokens, V]`` float32
     logits fit :data:`KL_CHUNK_BYTES`: a backward through a chunk holds several such tensors, about
     0.2 GiB each at SmolLM2's vocabulary and 1024 tokens). ``prepare_model`` applies the same
-    checkpointing rule for ``memopd.sft``, which has no row groups."""
-    from memopd.runtime import memory_saving
+    checkpointing default (:func:`memopd.runtime.default_checkpointing`) for ``memopd.sft``."""
+    from memopd.runtime import default_checkpointing, memory_saving
 
     large = memory_saving(student)
     rows = cfg.micro_batch_rows if cfg.micro_batch_rows is not None else (1 if large and world_size == 1 else 0)
-    gc = cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None else \
-        large and getattr(student, "supports_gradient_checkpointing", False)
+    gc = cfg.gradient_checkpointing if cfg.gradient_checkpointing is not None else default_checkpointing(student)
     vocab = student.get_output_embeddings().weight.shape[0]
     chunk = cfg.kl_chunk if cfg.kl_chunk is not None else max(1, min(KL_CHUNK_MAX, KL_CHUNK_BYTES // (4 * vocab)))
     return dataclasses.replace(cfg, micro_batch_rows=rows, gradient_checkpointing=gc, kl_chunk=chunk)
