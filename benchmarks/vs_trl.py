@@ -22,8 +22,11 @@ relative); then each update (teacher forward, student forward and backward, opti
 timed, interleaved, medians of ``--repeats``, each from the same initial weights; then each
 update's peak memory is measured in a process of its own (the growth of resident memory over
 the process's resident memory before the update, sampled every millisecond, with every weight of
-both models read once before it and glibc returning freed blocks; see ``EXACT_MALLOC``). One torch
-thread.
+both models read once before it and glibc returning freed blocks; see ``EXACT_MALLOC``): of a
+first update, which allocates AdamW's state (two copies of the weights) at its optimizer step,
+and of a second, a training step's peak once that state (and whatever else a step keeps, such as
+gradients left allocated) is resident; both over the resident memory before the first update.
+One torch thread.
 """
 
 from __future__ import annotations
@@ -176,12 +179,13 @@ def calls_of(episodes) -> list[Any]:
     return calls
 
 
-def peak_rss_growth(fn) -> tuple[Any, float]:
-    """``fn()``'s result and the peak growth of resident memory while it ran, MiB (1 ms samples)."""
+def peak_rss_growth(fn, base: int | None = None) -> tuple[Any, float]:
+    """``fn()``'s result and the peak of resident memory while it ran over ``base`` bytes (default:
+    the resident memory before it), MiB (1 ms samples)."""
     import psutil
 
     proc, stop, peak = psutil.Process(), threading.Event(), [0]
-    base = proc.memory_info().rss
+    base = proc.memory_info().rss if base is None else base
 
     def sample() -> None:
         while not stop.is_set():
@@ -218,18 +222,26 @@ def fault_in(*models: torch.nn.Module) -> None:
 
 
 def child_memory(args: argparse.Namespace) -> int:
-    """One update of one tool in this (fresh) process: its peak resident-memory growth, as JSON."""
+    """Two updates of one tool in this (fresh) process, as JSON: the peak resident memory of the
+    first (which allocates AdamW's state) and of the second (a training step's peak once the
+    optimizer's state and whatever else a step keeps are resident), both over the resident memory
+    before the first."""
     with tempfile.TemporaryDirectory() as tmp:
         trainer, episodes, calls, _, _ = setup(args, tmp)
         fault_in(trainer.student, trainer.teacher.model)
         if args.memory == "memopd":
-            _, mib = peak_rss_growth(lambda: trainer.update(episodes))
+            update = lambda: trainer.update(episodes)  # noqa: E731
         else:
             arm = TRLArm(copy.deepcopy(trainer.student), trainer.teacher.model, trainer.tokenizer, calls, args,
                          str(Path(tmp) / "trl"))
             fault_in(arm.model, arm.trainer.teacher_model if hasattr(arm.trainer, "teacher_model") else arm.model)
-            _, mib = peak_rss_growth(arm.update)
-    print(json.dumps({"peak_mib": mib}))
+            update = arm.update
+        import psutil
+
+        base = psutil.Process().memory_info().rss  # both counted from before the first update:
+        _, first = peak_rss_growth(update, base)  # what a step keeps (AdamW's state, any gradients
+        _, second = peak_rss_growth(update, base)  # held between steps) is in the second's peak
+    print(json.dumps({"peak_mib": first, "steady_peak_mib": second}))
     return 0
 
 
@@ -290,17 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     report["speedup"] = report["update_s"]["trl"] / report["update_s"]["memopd"] if args.repeats else None
     if not args.no_memory:
         base = [sys.executable, str(Path(__file__).resolve())] + (argv if argv is not None else sys.argv[1:])
-        peaks = {}
+        peaks, steady = {}, {}
         for tool in ("memopd", "trl"):
             out = subprocess.run(base + ["--memory", tool], capture_output=True, text=True, check=True,
                                  env={**os.environ, **EXACT_MALLOC}).stdout
-            peaks[tool] = json.loads(out.strip().splitlines()[-1])["peak_mib"]
-        report["peak_mib"] = peaks
+            child = json.loads(out.strip().splitlines()[-1])
+            peaks[tool], steady[tool] = child["peak_mib"], child["steady_peak_mib"]
+        report["peak_mib"], report["steady_peak_mib"] = peaks, steady
         report["memory_ratio"] = peaks["memopd"] / max(peaks["trl"], 1e-9)
+        report["steady_memory_ratio"] = steady["memopd"] / max(steady["trl"], 1e-9)
     timing = (f"update s: memopd {report['update_s']['memopd']:.3f}, TRL {report['update_s']['trl']:.3f} (TRL / "
               f"memopd {report['speedup']:.2f}x)" if args.repeats else "not timed")
-    memory = (f"; peak MiB: memopd {report['peak_mib']['memopd']:.0f}, TRL {report['peak_mib']['trl']:.0f}"
-              if "peak_mib" in report else "")
+    memory = (f"; peak MiB (first update / later): memopd {report['peak_mib']['memopd']:.0f} / "
+              f"{report['steady_peak_mib']['memopd']:.0f}, TRL {report['peak_mib']['trl']:.0f} / "
+              f"{report['steady_peak_mib']['trl']:.0f}" if "peak_mib" in report else "")
     print(f"{len(calls)} calls, {report['action_tokens']} completion tokens; {timing}{memory}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
