@@ -101,8 +101,7 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
     f1_sum, done = 0.0, 0
     bar = tqdm(total=len(plans), desc=f"rollout {agent.name}", unit="ep", disable=not progress)
     # the weights are fixed for the rollout: the backend may keep each episode's prefix between calls
-    backend = getattr(agent, "backend", None)
-    scope = backend.prefix_scope() if callable(getattr(backend, "prefix_scope", None)) else contextlib.nullcontext()
+    prefix_scope = getattr(getattr(agent, "backend", None), "prefix_scope", None)
     stack = contextlib.ExitStack()
 
     def start(slot: int) -> None:
@@ -116,7 +115,8 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
         running[slot] = (plan, obs, info)
 
     try:
-        stack.enter_context(scope)
+        if callable(prefix_scope):
+            stack.enter_context(prefix_scope())
         for slot in range(slots.n):
             start(slot)
         while running:

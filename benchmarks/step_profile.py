@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="then N rollouts with the episode-prefix cache off and on, interleaved")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.rollout_ab < 0:
+        ap.error(f"--rollout-ab must be >= 0 (got {args.rollout_ab})")
     from memopd import train
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -186,16 +186,7 @@ class HFBackend(Backend):
         t0, wall0 = time.perf_counter(), time.time()
         B, dev = len(reqs), self.device
         lens = [len(r.prompt_ids) for r in reqs]
-        width = max(lens)
-        ids = torch.full((B, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, width), dtype=torch.long)
-        pos = torch.zeros((B, width), dtype=torch.long)
-        for b, r in enumerate(reqs):  # left padding; each row's positions are its own
-            n = lens[b]
-            ids[b, width - n:] = torch.tensor(r.prompt_ids)
-            mask[b, width - n:] = 1
-            pos[b, width - n:] = torch.tensor(r.prompt_positions())
-        ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
+        ids, mask, pos = self._left_pad([r.prompt_ids for r in reqs], [r.prompt_positions() for r in reqs])
 
         # Room left before the model's position limit, per row.
         ends = [r.position_offset + n for r, n in zip(reqs, lens)]
@@ -280,6 +271,21 @@ class HFBackend(Backend):
             ))
         return invs
 
+    def _left_pad(self, rows: list[list[int]], positions: list[list[int]]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[B, W]`` ids, attention mask and position ids of token rows, left-padded to the
+        longest; each row keeps its own positions."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        pos = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, (row, p) in enumerate(zip(rows, positions)):
+            n = len(row)
+            ids[b, width - n:] = torch.tensor(row)
+            mask[b, width - n:] = 1
+            pos[b, width - n:] = torch.tensor(p)
+        return ids.to(self.device), mask.to(self.device), pos.to(self.device)
+
     def _cached_prefixes(self, reqs: list[GenerationRequest]) -> tuple | None:
         """The rows' episode prefixes as keys/values (prefilled here where the cache lacks them),
         and the rest of each prompt to prefill after them. None when no row has a prefix.
@@ -287,7 +293,6 @@ class HFBackend(Backend):
         Returns per-layer ``[B, kv_heads, P, d]`` keys and values (each prefix right-aligned in P
         columns, left-padded), the ``[B, P]`` mask of those columns, and the ``[B, S]`` left-padded
         suffix ids, mask and positions."""
-        dev = self.device
         # at least one token of each prompt is prefilled after its prefix: it gives the first logits
         plens = [min(r.prefix_len, len(r.prompt_ids) - 1) for r in reqs]
         keys = [(tuple(r.prompt_ids[:p]), r.position_offset) if p > 0 else None for r, p in zip(reqs, plens)]
@@ -297,12 +302,8 @@ class HFBackend(Backend):
         missing = [k for k, v in found.items() if v is None]
         for start in range(0, len(missing), self.max_batch_size):
             found.update(self._prefill_prefixes(missing[start:start + self.max_batch_size]))
-        P, S = max(plens), max(len(r.prompt_ids) - p for r, p in zip(reqs, plens))
-        B = len(reqs)
+        P, B = max(plens), len(reqs)
         pmask = torch.zeros((B, P), dtype=torch.long)
-        s_ids = torch.full((B, S), self.pad_id, dtype=torch.long)
-        s_mask = torch.zeros((B, S), dtype=torch.long)
-        s_pos = torch.zeros((B, S), dtype=torch.long)
         layers = next(v for v in found.values())
         pkv = [(k.new_zeros((B, *k.shape[:-2], P, k.shape[-1])), v.new_zeros((B, *v.shape[:-2], P, v.shape[-1])))
                for k, v in layers]
@@ -312,27 +313,19 @@ class HFBackend(Backend):
                 for (k, v), (ek, ev) in zip(pkv, found[key]):
                     k[b, ..., P - p:, :] = ek
                     v[b, ..., P - p:, :] = ev
-            n = len(r.prompt_ids) - p
-            s_ids[b, S - n:] = torch.tensor(r.prompt_ids[p:])
-            s_mask[b, S - n:] = 1
-            s_pos[b, S - n:] = torch.tensor(r.prompt_positions()[p:])
-        return pkv, pmask.to(dev), s_ids.to(dev), s_mask.to(dev), s_pos.to(dev)
+        s_ids, s_mask, s_pos = self._left_pad([r.prompt_ids[p:] for r, p in zip(reqs, plens)],
+                                              [r.prompt_positions()[p:] for r, p in zip(reqs, plens)])
+        return pkv, pmask.to(self.device), s_ids, s_mask, s_pos
 
     def _prefill_prefixes(self, keys: list[tuple[tuple[int, ...], int]]) -> dict:
         """Prefill distinct prefixes (left-padded, their own positions); each one's per-layer
         ``[kv_heads, p, d]`` keys and values, kept in the cache."""
-        W = max(len(ids) for ids, _ in keys)
-        ids = torch.full((len(keys), W), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(keys), W), dtype=torch.long)
-        pos = torch.zeros((len(keys), W), dtype=torch.long)
-        for j, (p_ids, offset) in enumerate(keys):
-            n = len(p_ids)
-            ids[j, W - n:] = torch.tensor(p_ids)
-            mask[j, W - n:] = 1
-            pos[j, W - n:] = torch.arange(offset, offset + n)
+        ids, mask, pos = self._left_pad([list(p_ids) for p_ids, _ in keys],
+                                        [list(range(offset, offset + len(p_ids))) for p_ids, offset in keys])
+        W = ids.shape[1]
         kv = DynamicCache(config=self.model.config)
-        self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                   position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1, **{self._cache_kw: kv})
+        self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                   **{self._cache_kw: kv})
         out = {}
         for j, key in enumerate(keys):
             n = len(key[0])  # clones: an entry must not hold the whole batch's tensors alive
@@ -370,7 +363,7 @@ class PrefixCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[Any, list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self.entries: OrderedDict[Any, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = OrderedDict()
         self.bytes = 0
         self._stamp: Any = None
 
@@ -388,15 +381,14 @@ class PrefixCache:
     def get(self, key: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         if key in self.entries:
             self.entries.move_to_end(key)
-            return self.entries[key]
+            return self.entries[key][0]
         return None
 
     def put(self, key: Any, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
         if size > self.max_bytes:
             return
-        self.entries[key] = layers
+        self.entries[key] = (layers, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
-            _, old = self.entries.popitem(last=False)
-            self.bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in old)
+            self.bytes -= self.entries.popitem(last=False)[1][1]
