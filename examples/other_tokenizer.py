@@ -28,8 +28,8 @@ Arms, each for every seed, the same budget:
 The sampled estimator is an estimate of the reverse KL, which does not move the embedded
 default's tiny warm start off its copy plateau even with the same-tokenizer teacher (docs/teacher.md
 "What it can teach"). ``--student DIR`` starts every arm from a student past that plateau instead
-(a model directory or training checkpoint; docs/RESULTS.md uses a checkpoint of the embedded
-default's own forward-KL run where its held-out F1 is 0.2-0.4), at the tiny preset's learning rate.
+(a model directory or training checkpoint, e.g. one of the embedded default's own forward-KL run
+where its held-out F1 is 0.2-0.4), at the tiny preset's learning rate unless --lr says otherwise.
 
 same-sampled separates what the estimator costs from what the other tokenizer costs. Each arm is
 its own ``python -m memopd.train`` (resumed after a kill); finished stages are skipped on a rerun.
@@ -79,6 +79,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="a couple of steps per stage: the path, not the result")
     args = ap.parse_args(argv)
     args.same_teacher = args.same_teacher or ("tiny-teacher" if args.smoke else "auto")
+    if args.student is not None:
+        from memopd.learn.models import TINY_LR
+
+        if not Path(args.student).exists():
+            ap.error(f"--student: {args.student} does not exist (give a model directory or training checkpoint)")
+        # not a preset, so memopd.train would default to a pretrained model's rate: say the tiny one
+        args.lr = TINY_LR if args.lr is None else args.lr
     args.seed_list = [int(s) for s in args.seeds.split(",") if s]
     args.arm_list = [a for a in args.arms.split(",") if a]
     unknown = sorted(set(args.arm_list) - set(ARMS))
@@ -129,11 +136,9 @@ def arm_command(arm: str, run_dir: Path, seed: int, teachers: dict[str, str], ar
         cmd += ["--teacher-audit-model", teachers["same-dir"], "--audit-every", "10"]
     if args.steps is not None:
         cmd += ["--steps", str(args.steps)]
-    if args.student is not None:  # not a preset: no SFT warm-up, and the learning rate is said, not defaulted
-        from memopd.learn.models import TINY_LR
-
-        cmd += ["--model", args.student, "--lr", str(args.lr if args.lr is not None else TINY_LR)]
-    elif args.lr is not None:
+    if args.student is not None:  # not a preset: no SFT warm-up
+        cmd += ["--model", args.student]
+    if args.lr is not None:
         cmd += ["--lr", str(args.lr)]
     if args.smoke:
         cmd += ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--student-warmup-steps", "2",
