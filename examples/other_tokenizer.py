@@ -15,10 +15,15 @@ teachers, fine-tuned by the same recipe (``memopd.learn.models.TEACHER_SFT``: 25
 
 Arms, each for every seed, the same budget:
 
-  same-full      the embedded default: the full-vocabulary divergence to the same-tokenizer teacher
-  same-sampled   the sampled estimator (k3 of the log-ratio at the sampled token, as a loss)
-  other-sampled  the sampled estimator against the other-tokenizer teacher, each call scored in
-                 its tokens and the log-probs shared back by text spans (memopd.retokenize)
+  same-full      the full-vocabulary divergence to the same-tokenizer teacher (the embedded
+                 default's; with --student, a model directory, the reverse KL)
+  same-sampled   the sampled estimator of the reverse KL (k3 of the log-ratio at the sampled
+                 token, as a loss)
+  other-sampled  the same against the other-tokenizer teacher, each call scored in its tokens
+                 and the log-probs shared back by text spans (memopd.retokenize)
+  same-sampled-fkl, other-sampled-fkl
+                 the sampled estimator of the forward KL (importance-weighted by teacher over
+                 student at the sampled token), against either teacher
 
   served-topk    the same-tokenizer teacher behind a stock ``vllm serve`` on 127.0.0.1 (started
                  here, with ``--vllm-python``'s vLLM), the top-20 + tail estimator, the served
@@ -52,11 +57,13 @@ ARMS: dict[str, list[str]] = {
     "same-full": [],
     "same-sampled": ["--opd-estimator", "sampled"],
     "other-sampled": ["--opd-estimator", "sampled"],  # + --teacher teacher-other
+    "same-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl"],
+    "other-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl"],  # + --teacher teacher-other
     "served-topk": ["--opd-estimator", "topk", "--opd-topk", "20"],  # + --teacher URL of the same teacher, served
 }
 
 
-DEFAULT_ARMS = ("same-full", "same-sampled", "other-sampled")
+DEFAULT_ARMS = ("same-full", "same-sampled", "other-sampled", "same-sampled-fkl", "other-sampled-fkl")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -154,10 +161,11 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     from memopd.runlog import heldout_curve, read_metrics
 
     runs: dict[str, dict[str, Any]] = {}
-    done = [a for a in ARMS if all((out / "runs" / a / f"seed-{s}" / "summary.json").is_file() for s in args.seed_list)]
-    for arm in done:  # every arm finished for these seeds, asked for in this invocation or an earlier one
+    for arm in ARMS:  # every finished run of these seeds, asked for in this invocation or an earlier one
         for seed in args.seed_list:
             d = out / "runs" / arm / f"seed-{seed}"
+            if not (d / "summary.json").is_file():
+                continue
             s = json.loads((d / "summary.json").read_text())
             rows = [r for r in read_metrics(d) if "step_s" in r]
             runs.setdefault(arm, {})[str(seed)] = {
@@ -175,16 +183,44 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                "steps": args.steps, "student": args.student, "lr": args.lr, "smoke": args.smoke, "table": table, "runs": runs,
                "command": "python examples/other_tokenizer.py " + " ".join(sys.argv[1:])}
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    lines = [f"Held-out F1 ({args.eval_episodes} test episodes, greedy), mean +- sd over seeds {args.seed_list}.", "",
-             "| arm | teacher F1 | F1 before | F1 after | s / step | teacher tokens / action | chunks / action |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"Held-out F1 ({args.eval_episodes} test episodes, greedy), mean +- sd over the seeds each arm ran "
+             f"(of {args.seed_list}).", "",
+             "| arm | seeds | teacher F1 | F1 before | F1 after | s / step | teacher tokens / action | chunks / action |",
+             "|---|---|---|---|---|---|---|---|"]
     for arm, t in table.items():
         teacher = "-" if t["teacher"] is None else f"{t['teacher']:.3f}"  # a served teacher is not evaluated
-        lines.append(f"| {arm} | {teacher} | {t['before']['mean']:.3f} | {t['after']['mean']:.3f} +- "
+        lines.append(f"| {arm} | {t['after']['n']} | {teacher} | {t['before']['mean']:.3f} | {t['after']['mean']:.3f} +- "
                      f"{t['after']['sd']:.3f} | {t['s_per_step']['mean']:.2f} | {t['tokens_per_action']:.2f} | "
                      f"{t['chunks_per_action']:.2f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
+    plot(runs, out / "curves.png")
     return results
+
+
+def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    """Held-out F1 by step: each seed thin, the mean over seeds thick, one colour per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (arm, per), colour in zip(runs.items(), plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        curves = [r["curve"] for r in per.values()]
+        for c in curves:
+            ax.plot(c["step"], c["f1"], color=colour, alpha=0.3, linewidth=0.8)
+        steps = curves[0]["step"]
+        if all(c["step"] == steps for c in curves):
+            ax.plot(steps, [statistics.fmean(c["f1"][i] for c in curves) for i in range(len(steps))], color=colour,
+                    linewidth=2, label=f"{arm} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out F1")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,17 @@ the same action position, both scored in the state the student sampled the actio
     whose expectation is the gradient of ``KL(s || t)`` (``E_s[grad log s] = 0`` drops the
     ``+1``); as an **advantage** (the Tinker cookbook's on-policy distillation), ``-lambda *
     log r`` is added to the PPO advantage of every supervised token, with PPO's clipping and
-    importance ratio doing the rest. Only the reverse KL has this form.
+    importance ratio doing the rest.
+
+``sampled`` with ``--opd-divergence fkl`` (the forward KL from the same one log-prob a token)
+    With ``r = t(a) / s(a)`` at ``a ~ s``: ``E_s[r f(a)] = E_t[f(a)]``, so ``r log r - (r - 1)``
+    (never negative) is an unbiased estimate of ``KL(t || s)``, and ``-sg(r - 1) * grad log s(a)``
+    has the expectation ``-E_t[grad log s] = grad KL(t || s)`` (the ``-1`` a baseline:
+    ``E_s[grad log s] = 0``). As an advantage, ``lambda * (r - 1)`` with ``r`` against the
+    behaviour policy. Unbiased where the student's support covers the teacher's; its variance
+    grows with ``r``, which is at most ``1 / s(a)``. This is the mass-covering divergence a student
+    on its copy plateau needs (docs/teacher.md), through a teacher that returns one log-prob a
+    token: a served one, or one with another tokenizer.
 """
 
 from __future__ import annotations
@@ -115,10 +125,16 @@ def teacher_topk(logp_t: torch.Tensor, k: int) -> TopK:
     return TopK(ids, vals)
 
 
-def sampled_estimate(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """[n] k1 or k3 of KL(s || t) at the sampled tokens, from the student's and the teacher's
-    log-probs of them (no gradient: the estimate's value)."""
+def sampled_estimate(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3",
+                     divergence: str = "rkl") -> torch.Tensor:
+    """[n] the estimate of the divergence at the sampled tokens, from the student's and the
+    teacher's log-probs of them (no gradient: the estimate's value): k1 or k3 of KL(s || t)
+    (``rkl``), or ``r log r - (r - 1)``, ``r = t / s``, of KL(t || s) (``fkl``; ``kind`` unused)."""
     log_r = (logp_s - logp_t).detach().double()
+    if divergence == "fkl":
+        return (torch.exp(-log_r) * -log_r - torch.expm1(-log_r)).float()
+    if divergence != "rkl":
+        raise ValueError(f"the sampled estimator estimates rkl or fkl, not {divergence!r}")
     if kind == "k1":
         return log_r.float()
     if kind == "k3":
@@ -126,19 +142,23 @@ def sampled_estimate(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3
     raise ValueError(f"unknown sampled estimator {kind!r}; choose one of {SAMPLED_KINDS}")
 
 
-def sampled_loss(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+def sampled_loss(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3", divergence: str = "rkl"
+                 ) -> torch.Tensor:
     """[n] the sampled estimator as a loss: its value is :func:`sampled_estimate`, its gradient
-    ``sg(log s(a) - log t(a)) * grad log s(a)`` (an unbiased gradient of KL(s || t) when ``a ~ s``)."""
+    ``sg(log s(a) - log t(a)) * grad log s(a)`` for ``rkl`` and ``-sg(t(a) / s(a) - 1) * grad log
+    s(a)`` for ``fkl`` (unbiased gradients of KL(s || t) and KL(t || s) when ``a ~ s``)."""
     log_r = (logp_s - logp_t.to(logp_s)).detach()
-    surrogate = log_r * logp_s
-    return sampled_estimate(logp_s, logp_t, kind).to(logp_s) + surrogate - surrogate.detach()
+    coef = -torch.expm1(-log_r) if divergence == "fkl" else log_r
+    surrogate = coef * logp_s
+    return sampled_estimate(logp_s, logp_t, kind, divergence).to(logp_s) + surrogate - surrogate.detach()
 
 
-def sampled_advantage(logp_behaviour: torch.Tensor, logp_t: torch.Tensor) -> torch.Tensor:
-    """[n] the per-token advantage of the sampled reverse KL (to be scaled by lambda):
+def sampled_advantage(logp_behaviour: torch.Tensor, logp_t: torch.Tensor, divergence: str = "rkl") -> torch.Tensor:
+    """[n] the per-token advantage of the sampled divergence (to be scaled by lambda): ``rkl``:
     ``-(log s_behaviour(a) - log t(a))``, the teacher's log-prob of the action above the
-    student's."""
-    return -(logp_behaviour.float() - logp_t.float())
+    student's; ``fkl``: ``t(a) / s_behaviour(a) - 1``."""
+    log_ratio = logp_t.float() - logp_behaviour.float()
+    return torch.expm1(log_ratio) if divergence == "fkl" else log_ratio
 
 
 def teacher_token_logprobs(logp_t: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

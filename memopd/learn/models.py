@@ -78,8 +78,7 @@ def resolve_defaults(cfg: Any) -> Any:
 
     tiny = cfg.model in TINY_PRESETS
     lr = cfg.lr if cfg.lr is not None else (TINY_LR if tiny else MODEL_LR)
-    div = cfg.opd_divergence if cfg.opd_divergence != "auto" else \
-        ("fkl" if tiny and cfg.opd_estimator != "sampled" else "rkl")  # the sampled estimator is of the reverse KL
+    div = cfg.opd_divergence if cfg.opd_divergence != "auto" else ("fkl" if tiny else "rkl")
     return dataclasses.replace(cfg, lr=lr, opd_divergence=div)
 
 

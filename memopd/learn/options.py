@@ -115,13 +115,15 @@ class ObjectiveOptions:
     opd_estimator: str = field("full", help="how the divergence is estimated at each supervised token: full (the "
                                             "whole vocabulary, exact), topk (the teacher's --opd-topk most likely "
                                             "tokens plus one tail bucket: a lower bound, 2k numbers a token), "
-                                            "sampled (k1 / k3 of the log-ratio at the sampled token: reverse KL only, "
-                                            "one teacher log-prob a token; see --opd-sampled, --opd-sampled-as)",
+                                            "sampled (the reverse KL's k1 / k3 of the log-ratio at the sampled token, "
+                                            "or the forward KL's importance-weighted estimate with --opd-divergence "
+                                            "fkl: one teacher log-prob a token; see --opd-sampled, --opd-sampled-as)",
                                choices=ESTIMATORS)
     opd_topk: int = field(20, help="topk estimator: the teacher's most likely tokens kept per action",
                           range=(1, None))
-    opd_sampled: str = field("k3", help="sampled estimator: k1 (log r) or k3 ((1/r - 1) + log r, never negative), "
-                                        "r = p_student / p_teacher at the sampled token", choices=SAMPLED_KINDS)
+    opd_sampled: str = field("k3", help="sampled estimator of the reverse KL: k1 (log r) or k3 ((1/r - 1) + log r, "
+                                        "never negative), r = p_student / p_teacher at the sampled token (the "
+                                        "forward KL has one form)", choices=SAMPLED_KINDS)
     opd_sampled_as: str = field("loss", help="sampled estimator: a loss (value the estimate, gradient the score "
                                              "function's) or a dense per-token advantage -lambda * log r added to "
                                              "PPO's (the Tinker cookbook's form)", choices=("loss", "advantage"))
@@ -140,9 +142,9 @@ class ObjectiveOptions:
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
-        if self.opd_estimator == "sampled" and self.opd_divergence not in ("auto", "rkl"):
-            raise ConfigError(f"--opd-estimator sampled estimates the reverse KL only; drop --opd-divergence "
-                              f"{self.opd_divergence} (or pass rkl), or use --opd-estimator full or topk")
+        if self.opd_estimator == "sampled" and self.opd_divergence == "jsd":
+            raise ConfigError("--opd-estimator sampled estimates the reverse or the forward KL (--opd-divergence rkl "
+                              "or fkl), not jsd; use --opd-estimator full or topk for it")
 
 
 @dataclass
