@@ -47,6 +47,9 @@ class Invocation:
     ``"memory"`` says the call received none; ``None`` says nothing is known (the learner then
     refuses the persistent control for it). Older records' ``meta["spans"]`` and
     ``meta["memory_span"]`` are read into it.
+    ``topk_ids[k]`` / ``topk_logprobs[k]``: the likeliest tokens of the distribution
+    ``response_ids[k]`` was sampled from and their log-probs, most likely first, where the backend
+    was asked to record them (``Backend.record_topk``); None otherwise.
     """
 
     prompt_ids: list[int]
@@ -63,6 +66,8 @@ class Invocation:
     response_text: str = ""
     spans: dict[str, list[int]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    topk_ids: list[list[int]] | None = None
+    topk_logprobs: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
         self._adopt_legacy_spans()
@@ -135,6 +140,11 @@ class Invocation:
             raise RecordError("logprobs must be a list of numbers")
         if any(not math.isfinite(x) or x > 1e-6 for x in self.logprobs):
             raise RecordError("logprobs must be finite and <= 0")
+        if (self.topk_ids is None) != (self.topk_logprobs is None):
+            raise RecordError("topk_ids and topk_logprobs come together (both or neither)")
+        if self.topk_ids is not None and not (len(self.topk_ids) == len(self.topk_logprobs) == n_r and all(
+                len(i) == len(v) for i, v in zip(self.topk_ids, self.topk_logprobs))):
+            raise RecordError(f"topk_ids and topk_logprobs must have one equal-length list per response token ({n_r})")
         if self.spans is not None:
             for slot, se in self.spans.items():
                 if not (isinstance(se, list) and len(se) == 2 and all(type(x) is int for x in se)

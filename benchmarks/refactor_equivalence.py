@@ -14,9 +14,10 @@ the first run), one run at a time, with the same small seeded settings: :data:`C
 
     default          the embedded default (auto teacher, warm-started tiny student, GRPO, forward KL)
     progressive      --opd-weighting progressive (opd/turn_share 0 -> 1 over the 4 steps)
-    adaptive-depth   --adaptive-depth --depth-probe-every 2 --depth-kl-frac 1.0 (probes at steps 1 and 3,
-                     depth-limited rollouts at 2 and 4; episodes are cut at step 4)
-    prune-opd        --prune-opd --prune-patience 2 (drift events, rollout stops and down-weighted later calls fire)
+    adaptive-depth   --adaptive-depth --depth-probe-every 2 --depth-warmup 1 --depth-coverage 0 (probes at
+                     steps 1 and 3, depth-limited rollouts at 2 and 4)
+    prune-opd        --prune-opd --prune-window 2 (drift events, reliability weights, and rollouts cut at
+                     the window as it moves)
     staleness        --simulated-staleness 2 --freshness weight (lags 0, 1, 2, 2)
     gae              --advantage gae (a critic)
     persistent       --teacher-context persistent
@@ -82,7 +83,6 @@ TIMING_KEYS = (
     "rollout_s",               # rollout seconds of the step
     "step_s",                  # rollout + learn seconds of the step
     "train_clock_s",           # cumulative step seconds (the --time-budget clock)
-    "prune/monitor_s",         # rollout time spent scoring calls for --prune-stop
     "prune/rollout_saved_s",   # skipped calls times the rollout's mean seconds per call
     "async/wait_s",            # --async-rollouts: the learner's wait for episodes
     "async/episodes_per_s",    # --async-rollouts: delivery rate of the workers
@@ -315,16 +315,15 @@ ARMS = [
     Arm("progressive", ["--opd-weighting", "progressive"],
         exercised=lambda rows: len({r["opd/turn_share"] for r in rows if "opd/turn_share" in r}) > 1,
         what="opd/turn_share takes more than one value"),
-    # --depth-kl-frac 1: the depth is the turn of the largest KL, so a cut happens whenever that is
-    # not the answer (the default 0.2 kept all 4 calls in both cut steps here)
-    Arm("adaptive-depth", ["--adaptive-depth", "--depth-probe-every", "2", "--depth-kl-frac", "1.0"],
+    # --depth-coverage 0: the KL centroid alone sets the depth (the coverage floor keeps every call
+    # of a task whose successful episodes all read to the end)
+    Arm("adaptive-depth", ["--adaptive-depth", "--depth-probe-every", "2", "--depth-warmup", "1",
+                           "--depth-coverage", "0"],
         exercised=_any("depth/cut_episodes", lambda v: v > 0), what="cut episodes (depth/cut_episodes > 0)"),
-    # --prune-patience 2 (default 4: never fires on 1-4-token memory writes): some episodes drift and
-    # stop at different calls, one runs to its answer with its later calls down-weighted
-    Arm("prune-opd", ["--prune-opd", "--prune-patience", "2"],
+    Arm("prune-opd", ["--prune-opd", "--prune-window", "2"],
         exercised=lambda rows: (_any("prune/drift_episodes", lambda v: v > 0)(rows)
-                                and _any("prune/stopped_episodes", lambda v: 0 < v)(rows)),
-        what="drift events and rollout stops"),
+                                and _any("prune/cut_episodes", lambda v: 0 < v)(rows)),
+        what="drift events and rollouts cut at the window"),
     Arm("staleness", ["--simulated-staleness", "2", "--freshness", "weight"],
         exercised=_any("fresh/lag", lambda v: v > 0), what="fresh/lag > 0"),
     Arm("gae", ["--advantage", "gae"], exercised=_any("value_loss", lambda v: v > 0), what="value_loss > 0"),

@@ -42,7 +42,9 @@ class AnswerWeight(Plugin):
     def weigh(self, weights: LossWeights, ctx: WeighContext) -> dict[str, float]:
         calls = ctx.batch.token_map[:, :2].tolist()  # (episode, invocation) of every action token
         answer = torch.tensor([ctx.episodes[e].invocations[i].role == "answer" for e, i in calls], dtype=torch.bool)
-        weights.opd = torch.where(answer, weights.opd * self.ctx.options.answer_weight, weights.opd)
+        # a change of shares, not of the loss's size: the same total weight (LossWeights)
+        weights.redistribute_opd(torch.where(answer, weights.opd * self.ctx.options.answer_weight, weights.opd),
+                                 ctx.world)
         total = float(weights.opd.sum())
         return {"answer_weight/opd_share": float(weights.opd[answer].sum()) / total if total else 0.0}
 

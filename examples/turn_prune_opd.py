@@ -31,7 +31,7 @@ memory, 13 model calls an episode (12 memory writes, then the answer). Steps:
                  turnopd-loss   --opd-weighting progressive
                  turnopd-both   both
                  prune-opd      --prune-opd (drift down-weighting and rollout stop, default detector)
-                 prune-opd-p2   --prune-opd --prune-patience 2 (drift setting only)
+                 prune-opd-strong --prune-opd --prune-drop 0.5 (drift setting only)
                in the main setting (the teacher of 1.) and vanilla vs both Prune-OPD arms with the
                drift teacher
   5. report    held-out F1 against cumulative training CPU seconds (mean ± std over seeds), and a
@@ -78,19 +78,19 @@ ARMS: dict[str, list[str]] = {
     "turnopd-loss": ["--opd-weighting", "progressive"],
     "turnopd-both": ["--adaptive-depth", "--opd-weighting", "progressive"],
     "prune-opd": ["--prune-opd"],
-    "prune-opd-p2": ["--prune-opd", "--prune-patience", "2"],
+    "prune-opd-strong": ["--prune-opd", "--prune-drop", "0.5"],
 }
 """The flags that define an arm; everything else is the same command."""
 
 SETTINGS: dict[str, tuple[str, list[str]]] = {
-    "main": ("teacher", [a for a in ARMS if a != "prune-opd-p2"]),
-    "drift": ("drift-teacher", ["vanilla", "prune-opd", "prune-opd-p2"]),
+    "main": ("teacher", [a for a in ARMS if a != "prune-opd-strong"]),
+    "drift": ("drift-teacher", ["vanilla", "prune-opd", "prune-opd-strong"]),
 }
 """setting -> (its teacher, its arms)."""
 
 LABELS = {"vanilla": "vanilla OPD", "turnopd-depth": "TurnOPD, depth only", "turnopd-loss": "TurnOPD, loss only",
           "turnopd-both": "TurnOPD, both", "prune-opd": "Prune-OPD",
-          "prune-opd-p2": "Prune-OPD, patience 2"}
+          "prune-opd-strong": "Prune-OPD, drop 0.5"}
 
 TITLES = {"main": "no drift: the student's own teacher",
           "drift": "drift: the drift teacher (memory writes reversed from turn 4)"}
@@ -115,7 +115,7 @@ class Budget:
     depth_probe_every: int = 5
     prune_topk: int = 8
     prune_threshold: float = 0.25
-    prune_patience: int = 4
+    prune_drop: float = 0.25
     sft_chunks: int = 3
     teacher_steps: int = 200
     teacher_batch: int = 32
@@ -305,7 +305,7 @@ def train_command(setting: str, arm: str, seed: int, args: argparse.Namespace) -
             "--max-new-tokens", str(b.max_new_tokens), "--eval-every", str(b.eval_every),
             "--eval-episodes", str(b.eval_episodes), "--save-every", "5", "--audit-every", "0",
             "--opd-turn-end", str(b.opd_turn_end), "--depth-probe-every", str(b.depth_probe_every),
-            "--prune-topk", str(b.prune_topk), "--prune-threshold", str(b.prune_threshold), "--prune-patience", str(b.prune_patience),
+            "--prune-topk", str(b.prune_topk), "--prune-threshold", str(b.prune_threshold), "--prune-drop", str(b.prune_drop),
             *ARMS[arm]]
     return cmd
 
@@ -451,17 +451,17 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{depth} |")
     dd = results.get("drift_diagnostic")
     if dd:
-        pats = list(next(iter(dd["teachers"].values()))["flagged_by_patience"])
+        pats = list(next(iter(dd["teachers"].values()))["flagged_by_drop"])
         lines += ["", f"Where Prune-OPD looks, at the warm start: {dd['episodes']} train episodes sampled by the warm "
                       f"student; top-{dd['k']} overlap with each teacher at every sampled token, the share below "
                       f"{dd['threshold']}, and the episodes the drift rule flags with each patience.", "",
                   "| teacher | mean overlap | below threshold | overlap per turn | "
-                  + " | ".join(f"flagged, patience {p}" for p in pats) + " |",
+                  + " | ".join(f"zeroed, drop {p}" for p in pats) + " |",
                   "|---|---|---|---|" + "---|" * len(pats)]
         for name, t in dd["teachers"].items():
             lines.append(f"| {name} | {t['overlap']:.3f} | {t['low_share']:.3f} | "
                          + " ".join(f"{x:.2f}" for x in t["per_turn"]) + " | "
-                         + " | ".join(f"{t['flagged_by_patience'][p]}/{dd['episodes']}" for p in pats) + " |")
+                         + " | ".join(f"{t['flagged_by_drop'][p]}/{dd['episodes']}" for p in pats) + " |")
     reused = f" (it reused {len(results['reused'])} finished parts of an earlier one)" if results["reused"] else ""
     lines += ["", f"Wall-clock of this invocation: {results['wall_s'] / 60:.1f} min{reused}. Versions: "
                   + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + "."]
@@ -488,7 +488,6 @@ def drift_diagnostic(args: argparse.Namespace, episodes: int = 32) -> dict[str, 
     from agents.models import load
     from agents.rollout import rollout
     from memopd import losses
-    from memopd.plugins import prune_opd
     from memopd.packing import pack_episodes
     from memopd.scoring import action_states
     k = b.prune_topk
@@ -505,14 +504,14 @@ def drift_diagnostic(args: argparse.Namespace, episodes: int = 32) -> dict[str, 
             teacher, _ = load(out / name)
             ov = losses.overlap_from_states(s_states, k, teacher=action_states(teacher, batch)).float()
             turns = batch.token_map[:, 1]
-            flagged = {}
-            for patience in sorted({1, 2, b.prune_patience}):
-                _, events = prune_opd.drift_weights(ov, batch.token_map, b.prune_threshold, patience, 0.5)
-                flagged[str(patience)] = len(events)
+            flagged = {}  # episodes whose reliability reaches 0, by --prune-drop
+            for drop in sorted({0.25, 0.5, b.prune_drop}):
+                w = losses.reliability(ov < b.prune_threshold, batch.token_map[:, 0], drop)
+                flagged[str(drop)] = len(set(batch.token_map[w <= 0, 0].tolist()))
             res["teachers"][name] = {
                 "overlap": float(ov.mean()), "low_share": float((ov < b.prune_threshold).float().mean()),
                 "per_turn": [float(ov[turns == j].mean()) for j in range(int(turns.max()) + 1)],
-                "flagged_by_patience": flagged}
+                "flagged_by_drop": flagged}
     cached.write_text(json.dumps(res, indent=2))
     return res
 

@@ -21,9 +21,11 @@ OPD_WEIGHTINGS = ("token", "turn", "progressive")
 TURN_SHAPES = ("linear", "cosine")
 
 
-def masked_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted mean of ``x`` [N] under ``weights`` [N]; 0 when the weights sum to 0."""
-    total = weights.sum()
+def masked_mean(x: torch.Tensor, weights: torch.Tensor, norm: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted mean of ``x`` [N] under ``weights`` [N]: ``sum(x * weights) / sum(norm)``, with
+    ``norm`` the weights themselves unless given (the weights a plugin lowered are divided by the
+    ones before it did, so the lowering stays in the loss); 0 when the normaliser sums to 0."""
+    total = (weights if norm is None else norm).sum()
     return (x * weights).sum() / total.clamp_min(1e-8)
 
 
@@ -33,12 +35,14 @@ def masked_mean(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 def ppo_policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor,
                     weights: torch.Tensor, clip_eps: float = 0.2,
-                    is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                    is_weights: torch.Tensor | None = None,
+                    norm: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate: mean_w( -c * min(r*A, clip(r, 1-eps, 1+eps)*A) ), r = exp(logp - logp_old).
 
     All inputs [N]. ``is_weights`` (c, default 1): per-token importance weights correcting for
     tokens sampled by another engine than the one ``logp_old`` comes from (see
-    :func:`truncated_is_weights`); they scale each token's term, not the normaliser.
+    :func:`truncated_is_weights`); they scale each token's term, not the normaliser. ``norm``: the
+    normaliser's weights (:func:`masked_mean`; default ``weights``).
     Returns the loss and stats (clip fraction, approx KL old->new).
     """
     log_ratio = logp - logp_old
@@ -46,7 +50,7 @@ def ppo_policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, advantages: torc
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
     term = -torch.minimum(unclipped, clipped)
-    loss = masked_mean(term if is_weights is None else term * is_weights, weights)
+    loss = masked_mean(term if is_weights is None else term * is_weights, weights, norm)
     with torch.no_grad():
         clipfrac = masked_mean(((ratio - 1.0).abs() > clip_eps).float(), weights)
         # k3 estimator of KL(old || new) from samples of old: (r - 1) - log r, r = p_new / p_old;
@@ -67,13 +71,15 @@ def truncated_is_weights(trainer_logp: torch.Tensor, rollout_logp: torch.Tensor,
 
 
 def value_loss(values: torch.Tensor, values_old: torch.Tensor, returns: torch.Tensor,
-               weights: torch.Tensor, clip_eps: float | None = 0.2) -> torch.Tensor:
-    """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2), masked mean."""
+               weights: torch.Tensor, clip_eps: float | None = 0.2, norm: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2), masked mean
+    (normalised by ``norm``'s sum when given)."""
     err = (values - returns) ** 2
     if clip_eps is not None:
         v_clip = values_old + torch.clamp(values - values_old, -clip_eps, clip_eps)
         err = torch.maximum(err, (v_clip - returns) ** 2)
-    return 0.5 * masked_mean(err, weights)
+    return 0.5 * masked_mean(err, weights, norm)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float = 1.0,
@@ -235,12 +241,12 @@ def student_terms(student: ActionStates, targets: torch.Tensor, teacher: ActionS
 # Which tokens the distillation mean weighs (TurnOPD's turn-normalised loss budgeting)
 # --------------------------------------------------------------------------------------------
 
-def turn_share(weighting: str, progress: float, start: float = 0.0, end: float = 0.5,
+def turn_share(weighting: str, progress: float, start: float = 0.0, end: float = 1.0,
                shape: str = "linear") -> float:
-    """How far the OPD mean has moved from token-level (0) to turn-balanced (1) at ``progress``
-    (the fraction of training done). ``token``: 0 throughout; ``turn``: 1 throughout;
-    ``progressive``: 0 until ``start``, 1 from ``end``, between them a linear ramp or a cosine
-    ease (``0.5 * (1 - cos(pi * x))``)."""
+    """TurnOPD's mixing coefficient alpha at ``progress`` (the fraction of training done): how far
+    the distillation loss has moved from token-level (0) to turn-balanced (1). ``token``: 0
+    throughout; ``turn``: 1 throughout; ``progressive`` (the paper's): ``clip((progress - start) /
+    (end - start), 0, 1)``, or a cosine ease of it (``0.5 * (1 - cos(pi * x))``)."""
     if weighting not in OPD_WEIGHTINGS:
         raise ValueError(f"unknown OPD weighting {weighting!r}; choose one of {OPD_WEIGHTINGS}")
     if weighting != "progressive":
@@ -253,31 +259,33 @@ def turn_share(weighting: str, progress: float, start: float = 0.0, end: float =
     return x if shape == "linear" else 0.5 * (1.0 - math.cos(math.pi * x))
 
 
-def opd_weights(call_ids: torch.Tensor, supervised: torch.Tensor, share: float,
-                totals: tuple[float, float] | None = None) -> torch.Tensor:
-    """[N] weights of the distillation mean over a step's action tokens.
+def turn_blend_weights(token_map: torch.Tensor, supervised: torch.Tensor, alpha: float,
+                       trajectories: float | None = None) -> torch.Tensor:
+    """[N] TurnOPD's blended weights of a step's supervised tokens.
 
-    ``call_ids`` [N] names each token's model call (turn), ``supervised`` [N] marks the tokens the
-    teacher supervises. The weights are ``(1 - share) * token + share * turn``, each part summing
-    to 1 over the step: ``token`` gives every supervised token ``1 / T`` (today's mean over
-    tokens, where long calls dominate), ``turn`` gives every call that has supervised tokens
-    ``1 / C`` in all, split equally over them (the mean within a call, then over calls).
-    ``totals`` = (T, C) over the whole step when this is one rank's part of it."""
+    Within a trajectory ``e`` with ``T_e`` turns that have supervised tokens, ``n_{e,t}`` of them in
+    turn ``t`` and ``N_e`` in all, turn ``t``'s share of the trajectory's loss is
+    ``(1 - alpha) * n_{e,t} / N_e + alpha / T_e`` (the token share, where long turns dominate,
+    blended with the turn share, every turn alike), spread equally over the turn's tokens:
+
+        w_i = ((1 - alpha) / N_e + alpha / (T_e * n_{e,t})) / E
+
+    with ``E`` the trajectories that have supervised tokens, so the weights sum to 1 over the step
+    (the mean over trajectories of each one's blended mean). ``token_map`` [N, 3] names each
+    token's (episode, call, token); ``trajectories``: E over the whole step when this is one
+    rank's share of it."""
     sup = supervised.float()
-    _, inverse = torch.unique(call_ids, return_inverse=True)
-    per_call = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0).index_add_(0, inverse, sup)
-    tokens, calls = totals if totals is not None else (float(sup.sum()), float((per_call > 0).sum()))
-    if tokens == 0:
+    if not len(sup) or float(sup.sum()) == 0:
         return sup
-    token = sup / tokens
-    turn = torch.where(supervised, 1.0 / per_call[inverse].clamp_min(1.0), 0.0) / calls
-    return (1.0 - share) * token + share * turn
-
-
-def call_counts(call_ids: torch.Tensor, supervised: torch.Tensor) -> tuple[float, float]:
-    """(supervised tokens, calls with at least one) of a step's part: the totals of :func:`opd_weights`."""
-    ids = torch.unique(call_ids[supervised])
-    return float(supervised.sum()), float(len(ids))
+    _, traj = torch.unique(token_map[:, 0], return_inverse=True)
+    _, call = torch.unique(token_map[:, 0] * (int(token_map[:, 1].max()) + 1) + token_map[:, 1], return_inverse=True)
+    n_call = torch.zeros(int(call.max()) + 1).index_add_(0, call, sup)  # n_{e,t}
+    n_traj = torch.zeros(int(traj.max()) + 1).index_add_(0, traj, sup)  # N_e
+    call_traj = torch.zeros(len(n_call), dtype=torch.long).index_copy_(0, call, traj)
+    turns = torch.zeros(len(n_traj)).index_add_(0, call_traj, (n_call > 0).float())  # T_e
+    e = float((n_traj > 0).sum()) if trajectories is None else trajectories
+    w = (1.0 - alpha) / n_traj[traj].clamp_min(1.0) + alpha / (turns[traj] * n_call[call]).clamp_min(1.0)
+    return torch.where(supervised, w / e, 0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,16 +304,33 @@ def episode_drift(trainer_logp: torch.Tensor, behaviour_logp: torch.Tensor, epis
     return (total / count.clamp_min(1)).float()
 
 
-def freshness(lag: torch.Tensor, drift: torch.Tensor, lag_scale: float, drift_scale: float) -> torch.Tensor:
-    """[E] f-OPD's sample freshness in (0, 1]: ``exp(-lag / lag_scale - drift / drift_scale)``, from
-    the policy-version lag of the sample and its measured rollout drift (a scale of 0 leaves
-    that part out). 1: as fresh as an on-policy sample."""
-    score = torch.zeros_like(drift, dtype=torch.float64)
-    if lag_scale > 0:
-        score = score - lag.double() / lag_scale
-    if drift_scale > 0:
-        score = score - drift.double() / drift_scale
-    return score.exp().float()
+def freshness(lag: torch.Tensor, rollout_drift: torch.Tensor, alpha: float, beta: float = 0.0,
+              supervision_drift: torch.Tensor | None = None) -> torch.Tensor:
+    """[E] f-OPD's freshness of each sample (Eq. 11 of the paper), in (0, 1]:
+
+        f = 1 / (lag + 1) * exp(-(alpha * sqrt(D_roll) + beta * sqrt(D_sup)))
+
+    ``lag`` the optimizer steps since the policy that sampled it, ``rollout_drift`` D_roll (the
+    current policy against that one on its tokens) and ``supervision_drift`` D_sup (the teacher's
+    signal now against the one the sample carries; None: 0). 1: as fresh as an on-policy sample."""
+    exponent = alpha * rollout_drift.double().clamp_min(0).sqrt()
+    if supervision_drift is not None and beta:
+        exponent = exponent + beta * supervision_drift.double().clamp_min(0).sqrt()
+    return (torch.exp(-exponent) / (lag.double() + 1.0)).float()
+
+
+def freshness_weights(fresh: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[E] f-OPD's sample weights ``max(f - threshold, 0)`` (Eq. 13): samples below the
+    threshold drop out, the others weigh by how far they clear it. Not renormalised: a step whose
+    samples are all stale moves the policy less."""
+    return (fresh - threshold).clamp_min(0.0)
+
+
+def effective_sample_size(weights: torch.Tensor) -> float:
+    """Kish's effective sample size ``(sum w)^2 / sum w^2`` (0 when every weight is 0)."""
+    w = weights.double()
+    sq = float((w * w).sum())
+    return float(w.sum()) ** 2 / sq if sq > 0 else 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,8 +341,32 @@ def topk_overlap(logp_s: torch.Tensor, logp_t: torch.Tensor, k: int) -> torch.Te
     """[n] the share of the student's k most likely next tokens that are also among the
     teacher's k most likely (1: the same top-k set, 0: disjoint). Inputs [n, V]."""
     k = min(k, logp_s.shape[-1])
-    top_s, top_t = logp_s.topk(k, dim=-1).indices, logp_t.topk(k, dim=-1).indices
+    return topk_ids_overlap(logp_s.topk(k, dim=-1).indices, logp_t.topk(k, dim=-1).indices)
+
+
+def topk_ids_overlap(top_s: torch.Tensor, top_t: torch.Tensor) -> torch.Tensor:
+    """[n] ``|S ∩ T| / K`` of two top-K id sets per row (``[n, K]`` each, the same K)."""
     return (top_s[:, :, None] == top_t[:, None, :]).any(-1).float().mean(-1)
+
+
+def topk_from_states(states: ActionStates, k: int, chunk_size: int = 1024,
+                     logp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k likeliest tokens at each action of ``states`` (or of a kept log-distribution ``logp``
+    [N, V]) and their log-probs, most likely first: ([N, k] long, [N, k] float), no grad."""
+    if logp is not None:
+        vals, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        return idx, vals.float()
+
+    def fn(h: torch.Tensor, temp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lp = F.log_softmax(states.logits(h, temp), dim=-1)
+        vals, idx = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        return idx, vals.float()
+
+    with torch.no_grad():
+        parts = map_chunks(fn, (states.hidden.detach(), states.temperatures), chunk_size)
+    if not parts:
+        return torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def overlap_from_states(student: ActionStates, k: int, chunk_size: int = 1024, teacher: ActionStates | None = None,
@@ -332,6 +381,17 @@ def overlap_from_states(student: ActionStates, k: int, chunk_size: int = 1024, t
     with torch.no_grad():
         parts = map_chunks(fn, (student.hidden.detach(), student.temperatures, *extra), chunk_size)
     return torch.cat(parts) if parts else student.hidden.new_zeros(0)
+
+
+def reliability(low: torch.Tensor, episode: torch.Tensor, drop: float) -> torch.Tensor:
+    """[N] ``w_t = clip(1 - drop * N_t, 0, 1)``, ``N_t`` the episode's drift events up to and
+    including token t (tokens in call order, each episode's together)."""
+    counts = torch.zeros(len(low), dtype=torch.float64)
+    seen: dict[int, float] = {}
+    for i, (e, b) in enumerate(zip(episode.tolist(), low.tolist())):
+        seen[e] = seen.get(e, 0.0) + float(b)
+        counts[i] = seen[e]
+    return (1.0 - drop * counts).clamp(0.0, 1.0).float()
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -62,6 +62,26 @@ def test_logprobs_equal_independent_rescoring(tiny_engine, sp):
     assert gap(model, invs, 1.0 if sp.greedy else sp.temperature) <= FP32_TOL
 
 
+def test_recorded_top_k_is_the_sampling_distributions_own(tiny_engine):
+    """``record_topk``: the engine's top-k at each sampled position equal the transformers model's
+    own (temperature-scaled) top-k of the same prompt + response."""
+    model, tok, backend = tiny_engine
+    backend.record_topk = 5
+    try:
+        invs = backend.generate(requests(tok), SamplingParams(temperature=0.7, max_new_tokens=8, seed=3))
+    finally:
+        backend.record_topk = 0
+    for inv in invs:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([inv.input_ids])).logits[0].float()
+        n = len(inv.prompt_ids)
+        for t in range(len(inv.response_ids)):
+            vals, idx = torch.log_softmax(logits[n + t - 1] / 0.7, -1).topk(5)
+            assert inv.topk_ids[t] == idx.tolist()
+            assert inv.topk_logprobs[t] == pytest.approx(vals.tolist(), abs=FP32_TOL)
+    assert backend.generate(requests(tok, 1), SamplingParams(max_new_tokens=2, seed=1))[0].topk_ids is None
+
+
 def test_temperature_scaled_not_raw(tiny_engine):
     """At T=0.7 the records are log_softmax(logits / T); vLLM's default (raw, T=1) log-probs
     are far from them, so a backend left on raw_logprobs fails here."""

@@ -1,6 +1,7 @@
-"""f-OPD's pieces without Ray: sample freshness and drift against hand computations, the
-simulated-staleness mode (a synchronous trainer fed the rollouts of S steps before), freshness
-weights on each episode's loss terms, and a resume that keeps the queue of batches."""
+"""f-OPD's pieces without Ray: sample freshness (both terms), its weights and their effective
+sample size against hand computations, the simulated-staleness mode (a synchronous trainer fed
+the rollouts of S steps before), freshness weights on each episode's loss terms, a uniformly
+stale step's smaller loss, and a resume that keeps the queue of batches."""
 
 import math
 
@@ -21,12 +22,24 @@ def test_episode_drift_is_the_mean_k3_of_its_tokens():
     assert losses.episode_drift(behaviour, behaviour, episode, 2).tolist() == [0.0, 0.0]  # on-policy: no drift
 
 
-def test_freshness_combines_lag_and_drift():
-    lag, drift = torch.tensor([0.0, 2.0, 4.0]), torch.tensor([0.0, 0.1, 0.0])
-    assert losses.freshness(lag, drift, 2.0, 0.05).tolist() == pytest.approx(
-        [1.0, math.exp(-1.0 - 2.0), math.exp(-2.0)])
-    assert losses.freshness(lag, drift, 0.0, 0.05).tolist() == pytest.approx([1.0, math.exp(-2.0), 1.0])
-    assert losses.freshness(lag, drift, 0.0, 0.0).tolist() == [1.0, 1.0, 1.0]
+def test_freshness_is_eq_11_with_both_terms():
+    lag, roll = torch.tensor([0.0, 1.0, 3.0]), torch.tensor([0.0, 0.04, 0.25])
+    # f = exp(-(alpha sqrt(D_roll) + beta sqrt(D_sup))) / (lag + 1), alpha = 2
+    assert losses.freshness(lag, roll, 2.0).tolist() == pytest.approx(
+        [1.0, math.exp(-0.4) / 2, math.exp(-1.0) / 4])
+    sup = torch.tensor([0.09, 0.0, 0.01])  # beta = 1: exponents 0.3, 0.4, 1.1
+    assert losses.freshness(lag, roll, 2.0, 1.0, sup).tolist() == pytest.approx(
+        [math.exp(-0.3), math.exp(-0.4) / 2, math.exp(-1.1) / 4])
+    assert losses.freshness(lag, roll, 0.0).tolist() == pytest.approx([1.0, 0.5, 0.25])  # the lag alone
+
+
+def test_weights_clear_the_threshold_and_their_effective_sample_size():
+    f = torch.tensor([1.0, 0.5, 0.25, 0.1])
+    assert losses.freshness_weights(f, 0.2).tolist() == pytest.approx([0.8, 0.3, 0.05, 0.0])
+    assert losses.freshness_weights(f, 0.0).tolist() == pytest.approx(f.tolist())
+    assert losses.effective_sample_size(torch.tensor([1.0, 1.0, 0.0, 0.0])) == pytest.approx(2.0)
+    assert losses.effective_sample_size(torch.tensor([1.0, 0.5])) == pytest.approx(2.25 / 1.25)
+    assert losses.effective_sample_size(torch.zeros(3)) == 0.0
 
 
 FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size",
@@ -60,7 +73,7 @@ def test_simulated_staleness_trains_on_the_batch_of_s_steps_before_and_resumes_w
 
 
 def test_freshness_weights_each_episodes_terms(tmp_path):
-    trainer = _trainer(tmp_path / "run", "--freshness", "weight", "--fresh-lag-scale", "1", "--fresh-drift-scale", "0")
+    trainer = _trainer(tmp_path / "run", "--freshness", "weight", "--fresh-alpha", "1", "--fresh-threshold", "0.1")
     episodes = trainer.rollout()
     from memopd.packing import pack_episodes
 
@@ -69,8 +82,25 @@ def test_freshness_weights_each_episodes_terms(tmp_path):
     lags = torch.tensor([0.0, 1.0, 2.0, 3.0])
     w, opd, stats = fresh_weights(batch, lags, batch.old_logprobs.clone(), weights, batch.teacher.float(), trainer.cfg)
     ep = batch.token_map[:, 0]
-    assert torch.allclose(w, torch.exp(-lags)[ep]) and torch.allclose(opd, batch.teacher.float() * torch.exp(-lags)[ep])
+    want = torch.tensor([0.9, 0.4, 1 / 3 - 0.1, 0.15])  # 1 / (lag + 1) - 0.1 (no drift: the same log-probs)
+    assert torch.allclose(w, want[ep]) and torch.allclose(opd, batch.teacher.float() * want[ep])
     assert stats["fresh/lag"] == 1.5 and stats["fresh/drift"] == 0.0
-    assert stats["fresh/score"] == pytest.approx(float(torch.exp(-lags).mean()))
+    assert stats["fresh/score"] == pytest.approx(float((1 / (lags + 1)).mean()))
+    assert stats["fresh/ess"] == pytest.approx(losses.effective_sample_size(want) / 4)
     metrics = trainer.learn(episodes)  # on-policy: lag 0, and the drift is the trainer/engine mismatch alone
     assert metrics["fresh/lag"] == 0.0 and 0.0 <= metrics["fresh/drift"] < 1e-3 and metrics["fresh/score"] > 0.98
+
+
+def test_a_uniformly_stale_step_moves_the_policy_less(tmp_path):
+    """Every sample 3 versions old: each weight is 1 / 4, and the step's losses are a quarter of
+    the same step's on-policy losses (a weighted mean divided by the weights would undo it)."""
+    runs = {}
+    for lag in (0, 3):
+        trainer = _trainer(tmp_path / f"run{lag}", "--freshness", "weight", "--fresh-alpha", "0")
+        episodes = trainer.rollout()  # sampled as policy version 0
+        trainer.step = lag  # trained at version `lag`
+        runs[lag] = trainer.learn(episodes)
+    assert runs[3]["fresh/lag"] == 3.0 and runs[0]["fresh/lag"] == 0.0
+    for term in ("opd_loss", "pg_loss", "entropy"):
+        assert runs[3][term] == pytest.approx(runs[0][term] / 4, rel=1e-5, abs=1e-9)
+    assert runs[3]["opd_loss"] > 0

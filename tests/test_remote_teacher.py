@@ -159,7 +159,7 @@ def test_a_server_killed_mid_run_is_one_clear_error_not_a_zero_loss(cache, tmp_p
 @pytest.mark.parametrize("extra, says", [
     (["--opd-estimator", "full"], "a server returns the top tokens of each position, not the whole distribution"),
     (["--opd-estimator", "topk", "--teacher-context", "persistent"], "the persistent control needs a local teacher"),
-    (["--opd-estimator", "topk", "--prune-opd", "--no-prune-stop"], "--prune-opd compares the teacher's whole"),
+    (["--opd-estimator", "topk", "--prune-opd"], "--prune-opd compares the teacher's whole"),
 ])
 def test_what_a_served_teacher_cannot_do_is_one_error_line(tmp_path, capsys, extra, says):
     from memopd import train

@@ -220,7 +220,7 @@ def test_training_with_a_teacher_of_another_tokenizer(cache, tmp_path, monkeypat
 @pytest.mark.parametrize("extra, says", [
     ([], "pass --opd-estimator sampled"),
     (["--opd-estimator", "topk"], "pass --opd-estimator sampled"),
-    (["--opd-estimator", "sampled", "--prune-opd", "--no-prune-stop"], "it needs a teacher with the student's"),
+    (["--opd-estimator", "sampled", "--prune-opd"], "it needs a teacher with the student's"),
     (["--opd-estimator", "sampled", "--teacher-context", "persistent"], "scores in the aligned context"),
 ])
 def test_what_a_teacher_of_another_tokenizer_cannot_do_is_one_error_line(cache, tmp_path, monkeypatch, capsys,

@@ -55,8 +55,8 @@ def test_smoke(tpo, tmp_path):
     assert tpo.main(args) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     assert set(res["settings"]) == {"main", "drift"}
-    assert list(res["settings"]["main"]["arms"]) == [a for a in tpo.ARMS if a != "prune-opd-p2"]
-    assert list(res["settings"]["drift"]["arms"]) == ["vanilla", "prune-opd", "prune-opd-p2"]
+    assert list(res["settings"]["main"]["arms"]) == [a for a in tpo.ARMS if a != "prune-opd-strong"]
+    assert list(res["settings"]["drift"]["arms"]) == ["vanilla", "prune-opd", "prune-opd-strong"]
     flags = {}
     for setting, res_s in res["settings"].items():
         for arm, row in res_s["arms"].items():

@@ -129,6 +129,11 @@ class Backend(ABC):
     policy_version: int = 0
     name: str = "backend"
     max_context: int | None = None
+    record_topk: int = 0
+    """Also record, at every sampled position, the ids and log-probs of the k most likely tokens
+    of the distribution sampled from (``Invocation.topk_ids`` / ``topk_logprobs``): what a
+    learner compares with a teacher's top-k without a forward of its own. 0: none. A backend
+    that cannot leaves them None (the learner then runs the forward)."""
 
     def prefix_scope(self) -> ContextManager[None]:
         """A span of calls by fixed weights (one rollout), within which the backend may keep the

@@ -223,10 +223,14 @@ class HFBackend(Backend):
         next_pos = pos[:, -1] + 1
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
+        top_ids: list[list[list[int]]] = [[] for _ in range(B)]  # with record_topk: per token, the k likeliest
+        top_lps: list[list[list[float]]] = [[] for _ in range(B)]
         reasons: list[str | None] = [None] * B
         alive = list(range(B))  # the rows still decoding, in the cache's row order
         while True:
             tok, lp = self._sample(logits.float(), [gens[b] for b in alive], sp)  # each row its own stream
+            if self.record_topk:
+                self._record_topk(logits.float(), sp, alive, top_ids, top_lps)
             for b, t, p in zip(alive, tok.tolist(), lp.tolist()):
                 tokens[b].append(t)
                 logps[b].append(p)
@@ -268,8 +272,20 @@ class HFBackend(Backend):
                 response_text=self.tokenizer.decode(tokens[b], skip_special_tokens=True),
                 spans=None if r.spans is None else {k: list(v) for k, v in r.spans.items()},
                 meta=dict(r.meta),
+                topk_ids=top_ids[b] if self.record_topk else None,
+                topk_logprobs=top_lps[b] if self.record_topk else None,
             ))
         return invs
+
+    def _record_topk(self, logits: torch.Tensor, sp: SamplingParams, rows: list[int],
+                     top_ids: list[list[list[int]]], top_lps: list[list[list[float]]]) -> None:
+        """The k likeliest tokens of each row's sampling distribution (softmax(logits / T);
+        greedy: T = 1) and their log-probs, appended to the rows' records."""
+        scaled = logits if sp.greedy else logits / sp.temperature
+        vals, idx = torch.log_softmax(scaled, dim=-1).topk(min(self.record_topk, logits.shape[-1]), dim=-1)
+        for b, i, v in zip(rows, idx.tolist(), vals.tolist()):
+            top_ids[b].append(i)
+            top_lps[b].append(v)
 
     def _left_pad(self, rows: list[list[int]], positions: list[list[int]]
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

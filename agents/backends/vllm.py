@@ -186,7 +186,7 @@ class VLLMBackend(Backend):
         return VSP(
             temperature=0.0 if sp.greedy else sp.temperature, top_p=1.0, top_k=0,
             max_tokens=min(sp.max_new_tokens, self.max_context - prompt_len),
-            logprobs=0,  # the sampled token's own log-prob only
+            logprobs=self.record_topk,  # the sampled token's own log-prob, and the top-k asked for
             stop_token_ids=list(stop_ids), ignore_eos=True,  # stop exactly on our ids, not the config's EOS
             seed=None if sp.greedy else seed, detokenize=False)
 
@@ -205,7 +205,17 @@ class VLLMBackend(Backend):
             sampling=sp.to_dict(), timing={"start": wall0, "latency_s": latency},
             response_text=self.tokenizer.decode(ids, skip_special_tokens=True),
             spans=None if req.spans is None else {k: list(v) for k, v in req.spans.items()},
-            meta=dict(req.meta))
+            meta=dict(req.meta), **self._topk(out.logprobs))
+
+    def _topk(self, steps: Any) -> dict[str, Any]:
+        """``record_topk``: each step's k likeliest tokens (vLLM's ranks 1..k; the sampled token comes
+        as an extra entry when it ranks lower) and their log-probs, most likely first."""
+        if not self.record_topk:
+            return {}
+        tops = [sorted((e.rank, tok, float(e.logprob)) for tok, e in step.items()
+                       if e.rank is not None and e.rank <= self.record_topk) for step in steps]
+        return {"topk_ids": [[t for _, t, _ in row] for row in tops],
+                "topk_logprobs": [[lp for _, _, lp in row] for row in tops]}
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, model: Any) -> None:

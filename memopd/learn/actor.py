@@ -24,12 +24,14 @@ EVAL_SEED = 10_000
 
 @dataclass(frozen=True)
 class RolloutLimits:
-    """What a plugin may limit in a rollout: the most model calls per episode (a depth budget; an
-    episode is cut there), and a monitor that sees every round of calls and returns the env slots
-    whose episodes stop after it (see :func:`agents.rollout.rollout`)."""
+    """What a plugin may limit or ask of a rollout: the most model calls per episode (a depth
+    budget; an episode is cut there), a monitor that sees every round of calls and returns the env
+    slots whose episodes stop after it (see :func:`agents.rollout.rollout`), and the top-k of each
+    sampling distribution to record with every token (``Backend.record_topk``)."""
 
     max_calls: int | None = None
     monitor: Callable[..., set[int]] | None = None
+    record_topk: int = 0
 
 
 @dataclass
@@ -125,11 +127,13 @@ class Actor:
             self.backend.policy_version = version
         self.backend.reseed(base_seed)
         self._sync()
+        self.backend.record_topk = limits.record_topk
         try:
             episodes = rollout(self.train_envs, self.agent(), count * self.cfg.group_size,
                                group_size=self.cfg.group_size, seed=base_seed, progress=False, run_id=run_id,
                                max_calls=limits.max_calls, monitor=limits.monitor)
         finally:
+            self.backend.record_topk = 0
             self.backend.sleep()
         self.check(episodes)
         return episodes

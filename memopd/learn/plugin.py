@@ -58,12 +58,30 @@ class LossWeights:
     """Per-token weights of a step's loss terms, [N] in the packed batch's action order.
 
     ``ppo``: the PPO, entropy and value terms' weights (each trajectory 1 in all, split over its
-    calls and tokens; 0 for an episode cut before its answer). ``opd``: the distillation mean's
-    weights (the teacher mask to start with). Both are normalised by their sums in the loss, so a
-    plugin that scales every token alike changes nothing."""
+    calls and tokens; 0 for an episode cut before its answer). ``opd``: the distillation weights
+    (the teacher mask to start with).
+
+    The loss divides each weighted sum by the sum of the weights *as the step made them*, before
+    any plugin (``ppo_base`` and ``opd_base``, fixed at construction): a plugin that lowers
+    weights lowers its tokens' part of the loss, also when it lowers every token alike (a
+    uniformly stale step, an episode that drifted from its first token). A plugin that only moves
+    weight between tokens keeps their sum (:meth:`redistribute_opd`)."""
 
     ppo: torch.Tensor
     opd: torch.Tensor
+    ppo_base: torch.Tensor = field(init=False)
+    opd_base: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ppo_base, self.opd_base = self.ppo.clone(), self.opd.clone()
+
+    def redistribute_opd(self, new: torch.Tensor, world: World | None = None) -> None:
+        """Set the distillation weights to ``new`` scaled to the sum the current ones have (over
+        every rank of ``world``: the sums are the whole step's)."""
+        from memopd import distributed
+
+        old, got = distributed.all_sum([float(self.opd.sum()), float(new.sum())], world or distributed.SINGLE)
+        self.opd = new * (old / got) if got > 0 else new
 
 
 @dataclass

@@ -126,7 +126,8 @@ class PPOUpdate:
         trainer_logp = inp.trainer_logp
         if self._kl_advantage() and inp.teacher_sampled is not None:  # the sampled reverse KL as a dense
             # advantage: PPO optimises it
-            kl_adv = estimators.sampled_advantage(batch.old_logprobs, inp.teacher_sampled) * batch.teacher.float()
+            kl_adv = estimators.sampled_advantage(batch.old_logprobs, inp.teacher_sampled,
+                                                   cfg.opd_divergence) * weights.opd
             adv = Advantages(adv.advantages + cfg.opd_coef * kl_adv, adv.weights, adv.values, adv.returns)
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
@@ -172,8 +173,8 @@ class PPOUpdate:
         each row group's log-probs and divergence."""
         cfg, world = self.cfg, self.world
         uid = mb.action_uid
-        w, tmask = weights.ppo[uid], weights.opd[uid]
-        w_sum, t_sum = float(w.sum()), float(tmask.sum())
+        # the normalisers: the minibatch's weights as the step made them, before any plugin
+        w_sum, t_sum = float(weights.ppo_base[uid].sum()), float(weights.opd_base[uid].sum())
         w_scale, t_scale = distributed.global_scales([w_sum, t_sum], world)
         groups = mb.micro_batches(cfg.micro_batch_rows) if cfg.micro_batch_rows and mb.num_rows > 1 else [mb]
         self.opt.zero_grad(set_to_none=True)
@@ -182,8 +183,8 @@ class PPOUpdate:
         parts, sums = [], {}
         for part in groups:
             # the row group's share of the minibatch's normalisers (exactly 1 for one group)
-            w_share = float(weights.ppo[part.action_uid].sum()) / w_sum if len(groups) > 1 and w_sum > 0 else 1.0
-            t_share = float(weights.opd[part.action_uid].sum()) / t_sum if len(groups) > 1 and t_sum > 0 else 1.0
+            w_share = float(weights.ppo_base[part.action_uid].sum()) / w_sum if len(groups) > 1 and w_sum > 0 else 1.0
+            t_share = float(weights.opd_base[part.action_uid].sum()) / t_sum if len(groups) > 1 and t_sum > 0 else 1.0
             terms, logp, div = self._part_loss(part, inp, adv, weights, w_scale * w_share, t_scale * t_share)
             parts.append((part, logp, div))
             loss, vloss = terms["loss"], terms.get("value_loss")
@@ -213,15 +214,16 @@ class PPOUpdate:
         """The loss terms of a row group, each its part of the minibatch's (and every rank's) mean."""
         cfg, uid = self.cfg, part.action_uid
         w, tmask = weights.ppo[uid], weights.opd[uid]
+        w_norm, t_norm = weights.ppo_base[uid], weights.opd_base[uid]
         logp, ent, div = self._terms(part, inp)
         if cfg.reward != "none" or (self._kl_advantage() and inp.teacher_sampled is not None):
             pg, pg_stats = losses.ppo_policy_loss(logp, inp.old_logp[uid], adv.advantages[uid], w, cfg.clip_eps,
-                                                  None if inp.is_weights is None else inp.is_weights[uid])
+                                                  None if inp.is_weights is None else inp.is_weights[uid], norm=w_norm)
         else:
             pg, pg_stats = logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}
         pg = pg * w_scale
-        entropy = losses.masked_mean(ent, w) * w_scale
-        opd = (losses.masked_mean(div, tmask) * t_scale if div is not None and not self._kl_advantage()
+        entropy = losses.masked_mean(ent, w, w_norm) * w_scale
+        opd = (losses.masked_mean(div, tmask, t_norm) * t_scale if div is not None and not self._kl_advantage()
                else logp.sum() * 0.0)
         terms: dict[str, Any] = {"loss": losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef),
                                  "pg_loss": pg, "opd_loss": opd, "entropy": entropy,
@@ -229,7 +231,7 @@ class PPOUpdate:
                                  "approx_kl": pg_stats["approx_kl"] * w_scale}
         if self.critic is not None:
             v = self.critic_fwd(part, cfg.attn)
-            terms["value_loss"] = losses.value_loss(v, adv.values[uid], adv.returns[uid], w) * w_scale
+            terms["value_loss"] = losses.value_loss(v, adv.values[uid], adv.returns[uid], w, norm=w_norm) * w_scale
         return terms, logp, div
 
     def _zero_grads(self) -> None:
@@ -250,8 +252,8 @@ class PPOUpdate:
             logp, ent, _ = losses.student_terms(states, mb.action_ids, chunk_size=cfg.kl_chunk)
             t_lp = inp.teacher_sampled[uid].to(logp.device)
             if self._kl_advantage():  # its value for the metrics; PPO carries the gradient
-                return logp, ent, estimators.sampled_estimate(logp, t_lp, cfg.opd_sampled)
-            return logp, ent, estimators.sampled_loss(logp, t_lp, cfg.opd_sampled)
+                return logp, ent, estimators.sampled_estimate(logp, t_lp, cfg.opd_sampled, cfg.opd_divergence)
+            return logp, ent, estimators.sampled_loss(logp, t_lp, cfg.opd_sampled, cfg.opd_divergence)
         t = inp.teacher_states.select(uid) if inp.teacher_states is not None and inp.teacher_logp is None else None
         return losses.student_terms(states, mb.action_ids, t, cfg.opd_divergence, cfg.kl_chunk,
                                     inp.teacher_logp[uid] if inp.teacher_logp is not None else None)

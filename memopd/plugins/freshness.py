@@ -1,16 +1,27 @@
-"""f-OPD's freshness of buffered samples: each episode's policy-version lag, its rollout drift
-(behaviour vs current policy on its sampled tokens), and the freshness that weighs its terms.
+"""f-OPD (Chen et al., 2026, "Stabilizing Long-Horizon On-Policy Distillation with Freshness-Aware
+Control"): the freshness of stale samples, and the weights that regulate them.
 
-- lag: the policy versions between the one that sampled the episode and the one trained;
-- drift: the mean over its action tokens of the k3 estimate of KL(behaviour || current)
-  (:func:`memopd.losses.episode_drift`);
-- freshness: ``exp(-lag / --fresh-lag-scale - drift / --fresh-drift-scale)``
-  (:func:`memopd.losses.freshness`); with ``--freshness weight`` every PPO and distillation term of
-  the episode is multiplied by it.
+For each episode i of a step, trained at policy version t and sampled by version r(i):
+
+    lag    tau_i = t - r(i)
+    D_roll the rollout drift: the mean over its action tokens of the k3 estimate of
+           KL(behaviour || current) at the sampled tokens (:func:`memopd.losses.episode_drift`)
+    f_i  = 1 / (tau_i + 1) * exp(-(alpha * sqrt(D_roll) + beta * sqrt(D_sup)))     (Eq. 11)
+    w_i  = max(f_i - xi, 0)                                                        (Eq. 13)
+
+(``--fresh-alpha``, ``--fresh-beta``, ``--fresh-threshold`` xi; :func:`memopd.losses.freshness`).
+With ``--freshness weight`` every PPO and distillation term of the episode is multiplied by w_i,
+and the loss keeps dividing by the step's own token counts (:class:`memopd.learn.plugin.LossWeights`),
+so a uniformly stale step moves the policy less, as the paper's unnormalised expectation does.
+``fresh/ess`` logs the weights' effective sample size as a share of the episodes.
+
+Supervision drift D_sup is 0 here: this trainer's teacher scores every sample at learn time, in
+the sample's own state, so the signal a sample is trained on is never stale (docs/methods.md).
+The paper's rollout anchoring and adaptive buffer refresh are not implemented.
 
 The plugin is on whenever samples can be stale (``--simulated-staleness``, ``--async-rollouts``)
-or ``--freshness`` is set, and logs ``fresh/lag`` (and, with the student's log-probs, the drift
-and the score) every step.
+or ``--freshness`` is set, and logs ``fresh/lag`` (and, with the student's log-probs, the drift,
+the score and the effective sample size) every step.
 """
 
 from __future__ import annotations
@@ -31,12 +42,12 @@ class FreshnessOptions:
     """f-OPD: freshness of stale samples"""
 
     freshness: str = field("off", help="f-OPD's regulation of stale samples: weight (each episode's loss terms "
-                                       "times its freshness exp(-lag / --fresh-lag-scale - drift / "
-                                       "--fresh-drift-scale)) or off", choices=("off", "weight"))
-    fresh_lag_scale: float = field(2.0, help="freshness: policy-version lag that costs a factor e (0: ignore the "
-                                             "lag)", range=(0.0, None))
-    fresh_drift_scale: float = field(0.05, help="freshness: rollout drift (mean k3 KL(behaviour || current) per "
-                                                "token) that costs a factor e (0: ignore the drift)", range=(0.0, None))
+                                       "times max(f - --fresh-threshold, 0), its freshness f = exp(-alpha * "
+                                       "sqrt(drift)) / (lag + 1)) or off", choices=("off", "weight"))
+    fresh_alpha: float = field(1.0, help="freshness: alpha, the scale of the rollout drift's square root (the mean "
+                                         "k3 KL(behaviour || current) per token) in the exponent", range=(0.0, None))
+    fresh_threshold: float = field(0.0, help="freshness: xi; a sample whose freshness is below it drops out, the "
+                                             "others weigh f - xi", range=(0.0, 1.0))
 
 
 class Freshness(Plugin):
@@ -62,22 +73,26 @@ def fresh_weights(batch: PackedBatch, lags: torch.Tensor, trainer_logp: torch.Te
                   opd_weights: torch.Tensor, cfg: Any, world: distributed.World = distributed.SINGLE
                   ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Each episode's lag, drift and freshness (the drift only where the student's log-probs before
-    the update are given); with ``--freshness weight`` the PPO and distillation weights times it.
-    Stats: means over the step's episodes (every rank)."""
+    the update are given); with ``--freshness weight`` the PPO and distillation weights times its
+    weight. Stats: means over the step's episodes (every rank), and the weights' effective sample
+    size over the episode count."""
     ep = batch.token_map[:, 0]
     stats = [float(lags.sum()), float(len(lags))]
     if trainer_logp is not None:
         drift = losses.episode_drift(trainer_logp, batch.old_logprobs, ep, len(lags))
-        fresh = losses.freshness(lags, drift, cfg.fresh_lag_scale, cfg.fresh_drift_scale)
-        stats += [float(drift.sum()), float(fresh.sum())]
+        fresh = losses.freshness(lags, drift, cfg.fresh_alpha)
+        w = losses.freshness_weights(fresh, cfg.fresh_threshold)
+        stats += [float(drift.sum()), float(fresh.sum()), float(w.double().sum()), float((w.double() ** 2).sum())]
         if cfg.freshness == "weight":
-            weights = weights * fresh[ep]
-            opd_weights = opd_weights * fresh[ep]
+            weights = weights * w[ep]
+            opd_weights = opd_weights * w[ep]
     totals = distributed.all_sum(stats, world)
     n = max(totals[1], 1.0)
     out = {"fresh/lag": totals[0] / n}
     if len(totals) > 2:
-        out.update({"fresh/drift": totals[2] / n, "fresh/score": totals[3] / n})
+        w_sum, w_sq = totals[4], totals[5]
+        out.update({"fresh/drift": totals[2] / n, "fresh/score": totals[3] / n, "fresh/weight": w_sum / n,
+                    "fresh/ess": (w_sum ** 2 / w_sq if w_sq > 0 else 0.0) / n})
     return weights, opd_weights, out
 
 

@@ -1,183 +1,144 @@
-"""Prune-OPD: detect the student's prefix drift from the teacher, down-weight the distillation terms
-after it, and stop the drifting episode's rollout.
+"""Prune-OPD (Yang et al., 2026, "Efficient and Reliable On-Policy Distillation for Long-Horizon
+Reasoning"), the rule as the authors' released code computes it, on MemAgent's calls.
 
-The rule (one detector, :class:`DriftDetector`, used by both sides): at every action token the
-student's and the teacher's k most likely next tokens overlap (:func:`memopd.losses.topk_overlap`);
-an episode *drifts* at the first of ``--prune-patience`` consecutive tokens (in call order, across
-calls) whose overlap is below ``--prune-threshold``.
+**Drift and reliability** (the learner, before the update). At every action token t of an
+episode, in call order across its calls:
 
-- **Weights** (the learner, before the update): from the drift event on, the episode's tokens
-  weigh ``--prune-decay`` in the drifting call and ``decay ** (1 + c)`` in the c-th call after it
-  (monotonically less); an episode that never drifts keeps weight 1.
-- **Rollout stop** (``--prune-stop``, the default): the same detector runs while the episode is
-  generated: after each round of model calls the calls just made are packed, the student and the
-  teacher score them (each call's own state-aligned context), and an episode whose run reaches
-  the patience stops after that call; it trains like an episode cut by a rollout-depth budget (no
-  answer and no reward, distillation terms only). An episode that never drifts runs to its answer.
+    o_t = |S_t ∩ T_t| / K          S_t, T_t: the student's and the teacher's K likeliest next tokens
+    b_t = 1[o_t < δ]               a drift event (--prune-topk K, --prune-threshold δ)
+    N_t = sum_{s <= t} b_s         the episode's events so far: its prefix's drift
+    w_t = clip(1 - λ N_t, 0, 1)    (--prune-drop λ)
+    ω_t = (w_t + β) / (1 + β)      the token's distillation weight (--prune-floor β)
 
-Both sides score with the weights of the rollout, so the learner finds the rollout's events (up to
-float noise at the threshold).
+The distillation loss divides by the supervised tokens' count, not by the weights' sum
+(:class:`memopd.learn.plugin.LossWeights`), so ω lowers the drifted tokens' part of the loss, also
+when every episode drifts. The student's top-K is the one its sampling distribution had (recorded
+by the rollout, ``Backend.record_topk``); a backend that does not record it costs a forward.
+
+**The window: truncation and expansion** (``--prune-window L0``, across steps). The rollouts are
+cut at L model calls (a cut episode has no answer and no reward: distillation terms only). After
+each step, with ℓ_e the calls of episode e before its reliability w reaches 0 (all of them if it
+never does), B = max(L_min, L - m) and H the share of episodes with ℓ_e >= B (one that answered in
+fewer calls is no hit):
+
+    H >= h:  L <- min(L + Δ, L_max), misses <- 0         (compatibility holds: expand)
+    else:    misses += 1; at P misses L <- max(L - Δ, L_min), misses <- 0
+
+Where this departs from the paper (docs/methods.md): the window counts model calls, not generated
+tokens (Δ = m = 1 call; the paper: 100 tokens of 1,024-12,288); ω is the paper's ``w + β``
+divided by ``1 + β``, so that ``--opd-coef`` keeps its meaning; tokens where the student and the
+teacher agree on a near-certain next token (both top-1 the same, both at least
+``--prune-format-prob``: MemAgent's "." and end tokens, whose top-K tails are noise) are no drift
+events (the paper counts every token; 0 does here too).
 """
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from agents.records import Episode, Invocation
+from agents.records import Episode
 from memopd import distributed, losses
 from memopd.config import ConfigError, field
 from memopd.learn.actor import Rollout, RolloutLimits
-from memopd.learn.models import pad_id
-from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, WeighContext
-from memopd.packing import PackedBatch, pack_episodes
-from memopd.scoring import ActionStates, action_states
-
-States = Callable[[PackedBatch], ActionStates]
+from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, StepResult, WeighContext
+from memopd.packing import PackedBatch
 
 
 @dataclass
 class PruneOPDOptions:
-    """Prune-OPD: drift detection, down-weighting and rollout stops"""
+    """Prune-OPD: drift detection, reliability weights and the rollout window"""
 
-    prune_opd: bool = field(False, help="Prune-OPD: down-weight the distillation terms of an episode after its "
-                                        "prefix drifts from the teacher (the student's and the teacher's top-k next "
-                                        "tokens overlap below --prune-threshold for --prune-patience tokens in a row)")
-    prune_topk: int = field(8, help="Prune-OPD: k of the top-k overlap", range=(1, None))
-    prune_threshold: float = field(0.25, help="Prune-OPD: overlap below which a token counts towards a drift",
+    prune_opd: bool = field(False, help="Prune-OPD: count drift events (the student's and the teacher's top-k "
+                                        "next tokens overlap below --prune-threshold), lower each episode's later "
+                                        "distillation weights by them, and cut rollouts at a window of calls that "
+                                        "grows while compatibility holds")
+    prune_topk: int = field(16, help="Prune-OPD: K of the top-K overlap", range=(1, None))
+    prune_threshold: float = field(0.7, help="Prune-OPD: a token whose overlap is below this is a drift event",
                                    range=(0.0, 1.0))
-    prune_patience: int = field(4, help="Prune-OPD: consecutive low-overlap tokens that make a drift event",
-                                range=(1, None))
-    prune_decay: float = field(0.5, help="Prune-OPD: weight of the drifting call's later tokens; each later "
-                                         "call's tokens weigh this times less again", range=(0.0, 1.0))
-    prune_stop: bool = field(True, help="Prune-OPD: also stop a drifting episode's rollout after the call it "
-                                        "drifts in (the student and the teacher score each round of calls as it "
-                                        "is made; the episode then trains on distillation terms only); "
-                                        "--no-prune-stop keeps full rollouts")
+    prune_drop: float = field(0.01, help="Prune-OPD: reliability lost per drift event of the episode so far "
+                                         "(w = 1 - drop * events, at least 0)", range=(0.0, 1.0))
+    prune_floor: float = field(0.5, help="Prune-OPD: the weight is (w + floor) / (1 + floor): an unreliable "
+                                         "token keeps floor / (1 + floor)", range=(0.0, None))
+    prune_format_prob: float = field(0.9, help="Prune-OPD: a token where the student and the teacher put at least "
+                                               "this on the same next token is a format token, no drift event (0: "
+                                               "every token counts, as in the paper)", range=(0.0, 1.0))
+    prune_window: int = field(2, help="Prune-OPD: the rollout window's start, in model calls (rollouts are cut "
+                                      "there; 0: no window, full rollouts)", range=(0, None))
+    prune_window_min: int = field(1, help="Prune-OPD: the smallest window (calls)", range=(1, None))
+    prune_window_max: int = field(0, help="Prune-OPD: the largest window (calls; 0: the longest episode seen)",
+                                  range=(0, None))
+    prune_window_step: int = field(1, help="Prune-OPD: calls the window grows or shrinks by", range=(1, None))
+    prune_window_margin: int = field(1, help="Prune-OPD: an episode is a hit when it stays reliable for the "
+                                             "window less this many calls", range=(0, None))
+    prune_hit_ratio: float = field(0.1, help="Prune-OPD: the window grows when at least this share of the step's "
+                                             "episodes are hits", range=(0.0, 1.0))
+    prune_shrink_patience: int = field(3, help="Prune-OPD: steps in a row below the hit ratio before the window "
+                                               "shrinks", range=(1, None))
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
-        if self.prune_opd and self.prune_stop:
-            self._check_prune_stop()
-
-    def _check_prune_stop(self) -> None:
-        """The rollout stop scores each call as it is made, in its state-aligned context, with
-        whole-weight models in this process."""
-        off = "; pass --no-prune-stop to keep full rollouts (the distillation weights still decay after a drift)"
-        cfg: Any = self
-        if cfg.teacher_context != "aligned":
-            raise ConfigError("--prune-opd stops rollouts by scoring each call in its state-aligned context, which "
-                              f"--teacher-context {cfg.teacher_context} does not train on" + off)
-        if cfg.async_rollouts:
-            raise ConfigError("--prune-opd cannot stop the rollouts of --async-rollouts workers" + off)
-        if cfg.teacher_parallel == "fsdp" and distributed.launched_size() > 1:
-            raise ConfigError("--prune-opd scores rollouts with a whole teacher on each rank; use --teacher-parallel "
-                              "replicate" + off)
+        if self.prune_opd and self.prune_window and self.prune_window < self.prune_window_min:
+            raise ConfigError(f"--prune-window {self.prune_window} is below --prune-window-min "
+                              f"{self.prune_window_min}")
+        if self.prune_window_max and self.prune_window_max < self.prune_window_min:
+            raise ConfigError(f"--prune-window-max {self.prune_window_max} is below --prune-window-min "
+                              f"{self.prune_window_min}")
 
 
-class DriftDetector:
-    """Prune-OPD's drift rule over an episode's action tokens, fed a call at a time in call order:
-    ``patience`` consecutive low-overlap tokens (overlap below the threshold) make a drift event."""
+class Window:
+    """Prune-OPD's rollout window (model calls) and its update from a step's hits."""
 
-    def __init__(self, patience: int) -> None:
-        self.patience = patience
-        self.runs: dict[Any, tuple[int, tuple[int, int]]] = {}  # episode -> (run length, where the run started)
-        self.events: dict[Any, tuple[int, int]] = {}  # episode -> (call, token) where its drifting run started
+    def __init__(self, start: int, least: int, most: int, step: int, margin: int, hit_ratio: float,
+                 patience: int) -> None:
+        self.size, self.least, self.most = start, least, most
+        self.step, self.margin, self.hit_ratio, self.patience = step, margin, hit_ratio, patience
+        self.misses = 0
+        self.longest = 0  # the most calls an uncut episode has had (the top when --prune-window-max is 0)
 
-    def feed(self, episode: Any, call: int, tokens: Sequence[int], low: Sequence[bool]) -> bool:
-        """One call's tokens (their indices in the call, in order) and whether each one's overlap
-        is low; True when the episode's drift event completes in this call."""
-        if episode in self.events:
-            return False
-        run, start = self.runs.get(episode, (0, (call, 0)))
-        for t, is_low in zip(tokens, low):
-            run = run + 1 if is_low else 0
-            if run == 1:
-                start = (call, t)
-            if run >= self.patience:
-                self.events[episode] = start
-                return True
-        self.runs[episode] = (run, start)
-        return False
+    def bound(self) -> int:
+        """B: the reliable calls an episode needs to count as a hit."""
+        return max(self.least, self.size - self.margin)
 
+    def limit(self) -> int | None:
+        """The rollouts' call cap (None: the window covers every episode's calls)."""
+        return None if self.longest and self.size >= self.longest else self.size
 
-def drift_weights(overlap: torch.Tensor, token_map: torch.Tensor, threshold: float, patience: int,
-                  decay: float) -> tuple[torch.Tensor, dict[int, tuple[int, int]]]:
-    """Prune-OPD's weights of the distillation terms from the per-token overlap of a step.
+    def update(self, hits: float, episodes: float, longest: int = 0) -> None:
+        """A step's hit count out of its episodes in; the window for the next step."""
+        self.longest = max(self.longest, longest)
+        top = self.most or self.longest or self.size + self.step
+        if episodes and hits / episodes >= self.hit_ratio:
+            self.size, self.misses = min(self.size + self.step, max(top, self.least)), 0
+            return
+        self.misses += 1
+        if self.misses >= self.patience:
+            self.size, self.misses = max(self.size - self.step, self.least), 0
 
-    ``overlap`` [N] and ``token_map`` [N, 3] (episode, invocation, token) list the action tokens in
-    canonical order. Returns (weights [N], {episode: (invocation, token) of its drift event})."""
-    rows = token_map.tolist()
-    low = (overlap < threshold).tolist()
-    detector = DriftDetector(patience)
-    calls: dict[int, list[int]] = {}  # episode -> its calls in order
-    i = 0
-    while i < len(rows):  # one call's tokens at a time (canonical order keeps them together)
-        e, j = rows[i][0], rows[i][1]
-        k = i
-        while k < len(rows) and rows[k][:2] == [e, j]:
-            k += 1
-        detector.feed(e, j, [r[2] for r in rows[i:k]], low[i:k])
-        calls.setdefault(e, []).append(j)
-        i = k
-    weights = torch.ones(len(overlap))
-    for i, (e, j, t) in enumerate(rows):
-        if e in detector.events and (j, t) >= detector.events[e]:
-            ej = detector.events[e][0]
-            weights[i] = decay ** (1 + calls[e].index(j) - calls[e].index(ej))
-    return weights, dict(detector.events)
+    def state_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "misses": self.misses, "longest": self.longest}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.size = int(state.get("size", self.size))
+        self.misses, self.longest = int(state.get("misses", 0)), int(state.get("longest", 0))
 
 
-class DriftMonitor:
-    """The ``monitor`` of :func:`agents.rollout.rollout` for the rollout stop: ``student`` and
-    ``teacher`` map a packed batch to the model's states at its action tokens (no grad)."""
+def reliable_calls(w: torch.Tensor, token_map: torch.Tensor, episodes: int, calls: Sequence[int]) -> list[int]:
+    """ℓ_e per episode: its calls before the first one holding a token whose reliability is 0
+    (``calls[e]``, all of them, when none does). ``w`` [N] and ``token_map`` [N, 3] in call order."""
+    out = list(calls)
+    for (e, j, _), v in zip(token_map.tolist(), w.tolist()):
+        if v <= 1e-8 and j < out[e]:
+            out[e] = j
+    return out
 
-    def __init__(self, student: States, teacher: States, *, k: int, threshold: float, patience: int,
-                 pack_tokens: int, pad_token_id: int = 0, chunk_size: int = 1024) -> None:
-        self.student, self.teacher = student, teacher
-        self.k, self.threshold, self.patience = k, threshold, patience
-        self.pack_tokens, self.pad_token_id, self.chunk_size = pack_tokens, pad_token_id, chunk_size
-        self.reset()
 
-    def reset(self) -> None:
-        """Forget the episodes of the previous rollout."""
-        self.detector = DriftDetector(self.patience)
-        self.calls: dict[str, int] = {}  # episode id -> calls scored
-        self.events: dict[str, int] = {}  # episode id -> the call (index in the episode) it drifted in
-        self.seconds = 0.0  # spent scoring (this rollout)
-
-    @property
-    def runs(self) -> dict[str, int]:
-        """Episode id -> its current run of low-overlap tokens (episodes that have not drifted)."""
-        return {e: run for e, (run, _) in self.detector.runs.items()}
-
-    @torch.no_grad()
-    def __call__(self, new: dict[int, tuple[str, Invocation]]) -> set[int]:
-        """Score the calls just made; returns the slots whose episodes drifted in them."""
-        t0 = time.perf_counter()
-        slots = [s for s in new if new[s][1].response_ids]
-        if not slots:
-            return set()
-        batch = pack_episodes([[new[s][1]] for s in slots], max(self.pack_tokens, max(
-            len(new[s][1].input_ids) for s in slots)), mode="aligned", pad_token_id=self.pad_token_id)
-        overlap = losses.overlap_from_states(self.student(batch), self.k, self.chunk_size,
-                                             teacher=self.teacher(batch)).float().cpu()
-        per_call: dict[int, list[tuple[int, bool]]] = {}
-        for (e, _, t), is_low in zip(batch.token_map.tolist(), (overlap < self.threshold).tolist()):
-            per_call.setdefault(e, []).append((t, is_low))
-        stop = set()
-        for e, toks in per_call.items():
-            episode = new[slots[e]][0]
-            self.calls[episode] = self.calls.get(episode, 0) + 1
-            toks.sort()
-            if self.detector.feed(episode, self.calls[episode] - 1, [t for t, _ in toks], [f for _, f in toks]):
-                self.events[episode] = self.calls[episode] - 1
-                stop.add(slots[e])
-        self.seconds += time.perf_counter() - t0
-        return stop
+def is_hit(reliable: int, calls: int, answered: bool, bound: int) -> bool:
+    """An episode that stayed reliable up to the bound; one that answered before it is no hit."""
+    return reliable >= bound and not (answered and calls < bound)
 
 
 class PruneOPD(Plugin):
@@ -187,69 +148,112 @@ class PruneOPD(Plugin):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         cfg = ctx.cfg
-        self.monitor = None
-        if cfg.prune_stop and ctx.teacher is not None:  # both models with whole weights (checked by the options)
-            self.monitor = DriftMonitor(lambda b: action_states(ctx.student, b, lowering=cfg.attn),
-                                        lambda b: action_states(ctx.teacher.model, b, lowering=cfg.attn),
-                                        k=cfg.prune_topk, threshold=cfg.prune_threshold, patience=cfg.prune_patience,
-                                        pack_tokens=cfg.pack_tokens, pad_token_id=pad_id(ctx.tokenizer),
-                                        chunk_size=cfg.kl_chunk)
+        self.window = (Window(cfg.prune_window, cfg.prune_window_min, cfg.prune_window_max, cfg.prune_window_step,
+                              cfg.prune_window_margin, cfg.prune_hit_ratio, cfg.prune_shrink_patience)
+                       if cfg.prune_window else None)
+        self.pending: tuple[float, float] | None = None  # this step's (hits, episodes), every rank's
 
     @classmethod
     def enabled(cls, cfg: Any) -> bool:
         return cfg.prune_opd
 
     def wrap_rollout(self, rollout: RolloutFn) -> RolloutFn:
-        monitor = self.monitor
-        if monitor is None:
-            return rollout
+        k = self.ctx.cfg.prune_topk
 
-        def monitored(step: int, limits: RolloutLimits) -> Rollout:
-            monitor.reset()
-            out = rollout(step, RolloutLimits(limits.max_calls, monitor))
-            out.metrics.update(stop_stats(monitor, out.episodes, out.seconds))
-            return out
-        return monitored
+        def recorded(step: int, limits: RolloutLimits) -> Rollout:
+            cap = limits.max_calls
+            if self.window is not None and self.window.limit() is not None:
+                cap = self.window.limit() if cap is None else min(cap, self.window.limit())
+            return rollout(step, dataclasses.replace(limits, max_calls=cap, record_topk=max(k, limits.record_topk)))
+        return recorded
 
     @torch.no_grad()
     def weigh(self, weights: LossWeights, ctx: WeighContext) -> dict[str, float]:
-        """The student's top-k overlap with the teacher at every action before the update (a forward
-        pass of its own), each episode's drift event, and the weights of the distillation terms
-        after it. Stats over every rank."""
+        """The overlap at every action (the student's recorded top-K against the teacher's), the
+        drift events, the reliability weights of the distillation terms, and the window's hits.
+        Stats over every rank."""
         cfg = self.ctx.cfg
-        if ctx.teacher_states is None:
-            return {}
+        if ctx.teacher_states is None and ctx.teacher_logp is None:
+            return {}  # a served teacher: no distributions here to compare
         batch = ctx.batch
-        overlap = torch.zeros(batch.num_actions)
-        for mb in ctx.minibatches:
-            uid = mb.action_uid
-            t, t_lp = ((None, ctx.teacher_logp[uid]) if ctx.teacher_logp is not None
-                       else (ctx.teacher_states.select(uid), None))
-            overlap[uid] = losses.overlap_from_states(ctx.student_states(mb), cfg.prune_topk, cfg.kl_chunk, t,
-                                                      t_lp).float().cpu()
-        w, events = drift_weights(overlap, batch.token_map, cfg.prune_threshold, cfg.prune_patience, cfg.prune_decay)
-        weights.opd = weights.opd * w
+        overlap, fmt, recorded = drift_inputs(ctx, cfg.prune_topk, cfg.prune_format_prob, cfg.kl_chunk)
+        low = (overlap < cfg.prune_threshold) & ~fmt
+        w = losses.reliability(low, batch.token_map[:, 0], cfg.prune_drop)
+        weights.opd = weights.opd * (w + cfg.prune_floor) / (1.0 + cfg.prune_floor)
         sup = batch.teacher
-        episodes = len(set(batch.token_map[:, 0].tolist()))
-        n_sup, ov_sum, n_low, n_ep, n_drift = distributed.all_sum(
-            [float(sup.sum()), float(overlap[sup].sum()), float((w[sup] < 1).sum()), episodes, len(events)],
-            ctx.world)
-        return {"prune/overlap": ov_sum / max(n_sup, 1.0), "prune/downweighted_tokens": n_low / max(n_sup, 1.0),
-                "prune/drift_episodes": n_drift / max(n_ep, 1.0)}
+        calls = [len(e.invocations) for e in ctx.episodes]
+        reliable = reliable_calls(w, batch.token_map, len(calls), calls)
+        bound = self.window.bound() if self.window is not None else 0
+        hits = sum(is_hit(r, c, e.cut is None, bound) for r, c, e in zip(reliable, calls, ctx.episodes))
+        drifted = len(set(batch.token_map[low, 0].tolist()))
+        n_sup, ov_sum, n_low, n_fmt, n_ep, n_drift, n_hit, w_sum = distributed.all_sum(
+            [float(sup.sum()), float(overlap[sup].sum()), float(low[sup].sum()), float(fmt[sup].sum()),
+             len(calls), drifted, hits, float(w[sup].sum())], ctx.world)
+        self.pending = (n_hit, n_ep)
+        return {"prune/overlap": ov_sum / max(n_sup, 1.0), "prune/drift_tokens": n_low / max(n_sup, 1.0),
+                "prune/format_tokens": n_fmt / max(n_sup, 1.0), "prune/drift_episodes": n_drift / max(n_ep, 1.0),
+                "prune/reliability": w_sum / max(n_sup, 1.0), "prune/hit_ratio": n_hit / max(n_ep, 1.0),
+                "prune/recorded_topk": float(recorded)}
+
+    def end_step(self, result: StepResult) -> dict[str, float]:
+        if self.window is None:
+            return {}
+        out = {"prune/window": float(self.window.size)}
+        if self.pending is not None:
+            longest = max((len(e.invocations) for e in result.episodes if e.cut is None), default=0)
+            self.window.update(*self.pending, longest=longest)
+            self.pending = None
+        out["prune/cut_episodes"] = _mean([float(e.cut is not None) for e in result.episodes])
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"window": self.window.state_dict()} if self.window is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.window is not None and isinstance(state.get("window"), dict):
+            self.window.load_state_dict(state["window"])
 
 
-def stop_stats(monitor: DriftMonitor, episodes: Sequence[Episode], rollout_s: float) -> dict[str, float]:
-    """A rollout's stops: episodes stopped, the calls they did not make (the env's turns left: a
-    memory call per chunk and the answer), and the rollout time spent scoring calls;
-    ``prune/rollout_saved_s`` estimates the time the skipped calls would have taken at this
-    rollout's mean time per call."""
-    calls = [len(e.invocations) for e in episodes]
-    skipped = sum(max(0, int(e.turns or c) - c) for e, c in zip(episodes, calls) if e.cut is not None)
-    per_call = rollout_s / max(1, sum(calls))
-    stopped = [float(e.cut is not None) for e in episodes]
-    return {"prune/stopped_episodes": sum(stopped) / len(stopped) if stopped else float("nan"),
-            "prune/calls_skipped": float(skipped), "prune/monitor_s": monitor.seconds,
-            "prune/rollout_saved_s": skipped * per_call}
+def drift_inputs(ctx: WeighContext, k: int, format_prob: float, chunk: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Per action token: the top-K overlap of the student's sampling distribution with the
+    teacher's, whether it is a format token, and whether the student's top-K came from the
+    rollout's records (else from a forward of the student before the update)."""
+    batch = ctx.batch
+    n = batch.num_actions
+    s_ids, s_lp = recorded_topk(ctx.episodes, batch.token_map, k)
+    recorded = s_ids is not None
+    if s_ids is None:
+        s_ids, s_lp = torch.zeros(n, k, dtype=torch.long), torch.zeros(n, k)
+        for mb in ctx.minibatches:
+            s_ids[mb.action_uid], s_lp[mb.action_uid] = losses.topk_from_states(ctx.student_states(mb), k, chunk)
+    t_ids, t_lp = losses.topk_from_states(ctx.teacher_states, k, chunk, ctx.teacher_logp) \
+        if ctx.teacher_logp is not None or ctx.teacher_states is not None else (None, None)
+    overlap = losses.topk_ids_overlap(s_ids, t_ids)
+    fmt = torch.zeros(n, dtype=torch.bool)
+    if format_prob > 0:
+        fmt = (s_ids[:, 0] == t_ids[:, 0]) & (s_lp[:, 0].exp() >= format_prob) & (t_lp[:, 0].exp() >= format_prob)
+    return overlap, fmt, recorded
 
 
-__all__ = ["DriftDetector", "DriftMonitor", "PruneOPD", "PruneOPDOptions", "drift_weights", "stop_stats"]
+def recorded_topk(episodes: Sequence[Episode], token_map: torch.Tensor, k: int
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The student's top-K at each action token as the rollout recorded it ([N, K] ids and
+    log-probs), or (None, None) when any call lacks it or recorded fewer than K."""
+    ids, lps = [], []
+    for e, j, t in token_map.tolist():
+        inv = episodes[e].invocations[j]
+        if inv.topk_ids is None or len(inv.topk_ids[t]) < k:
+            return None, None
+        ids.append(inv.topk_ids[t][:k])
+        lps.append(inv.topk_logprobs[t][:k])
+    if not ids:
+        return torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(lps, dtype=torch.float32)
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else float("nan")
+
+
+__all__ = ["PruneOPD", "PruneOPDOptions", "Window", "drift_inputs", "is_hit", "recorded_topk", "reliable_calls"]
