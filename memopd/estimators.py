@@ -142,13 +142,21 @@ def sampled_estimate(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3
     raise ValueError(f"unknown sampled estimator {kind!r}; choose one of {SAMPLED_KINDS}")
 
 
-def sampled_loss(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3", divergence: str = "rkl"
-                 ) -> torch.Tensor:
+def sampled_loss(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "k3", divergence: str = "rkl",
+                 behaviour_logp: torch.Tensor | None = None) -> torch.Tensor:
     """[n] the sampled estimator as a loss: its value is :func:`sampled_estimate`, its gradient
     ``sg(log s(a) - log t(a)) * grad log s(a)`` for ``rkl`` and ``-sg(t(a) / s(a) - 1) * grad log
-    s(a)`` for ``fkl`` (unbiased gradients of KL(s || t) and KL(t || s) when ``a ~ s``)."""
+    s(a)`` for ``fkl`` (unbiased gradients of KL(s || t) and KL(t || s) when ``a ~ s``).
+
+    ``behaviour_logp``: the log-probs the tokens were sampled with. After an update within the
+    step (a second PPO epoch, a later minibatch) the tokens are no longer samples of the current
+    ``s``; the gradient is then importance-weighted by ``sg(s(a) / s_behaviour(a))``, which keeps
+    it unbiased (1 before any update). Without the weight, epochs past the first re-apply the
+    first epoch's push to the same tokens."""
     log_r = (logp_s - logp_t.to(logp_s)).detach()
     coef = -torch.expm1(-log_r) if divergence == "fkl" else log_r
+    if behaviour_logp is not None:
+        coef = coef * torch.exp(logp_s.detach() - behaviour_logp.to(logp_s))
     surrogate = coef * logp_s
     return sampled_estimate(logp_s, logp_t, kind, divergence).to(logp_s) + surrogate - surrogate.detach()
 

@@ -109,6 +109,21 @@ def test_the_sampled_forward_kl_estimate_and_gradient_are_unbiased():
     assert float((g_rkl - g_exact).abs().max()) > 20 * float(se.max())
 
 
+@pytest.mark.parametrize("divergence", ["rkl", "fkl"])
+def test_after_an_update_the_sampled_gradient_is_weighted_by_current_over_behaviour(divergence):
+    """d loss / d log s(a) is the estimator's coefficient times s(a) / s_behaviour(a), by hand."""
+    logp_s = torch.tensor([-0.5, -2.0, -1.0], requires_grad=True)
+    logp_t = torch.tensor([-1.0, -0.2, -3.0])
+    behaviour = torch.tensor([-0.7, -2.0, -0.4])
+    (grad,) = torch.autograd.grad(est.sampled_loss(logp_s, logp_t, divergence=divergence,
+                                                   behaviour_logp=behaviour).sum(), logp_s)
+    s, t, b = logp_s.detach(), logp_t, behaviour
+    coef = (s - t) if divergence == "rkl" else -(torch.exp(t - s) - 1)
+    assert grad.tolist() == pytest.approx((coef * torch.exp(s - b)).tolist(), rel=1e-6)
+    (plain,) = torch.autograd.grad(est.sampled_loss(logp_s, logp_t, divergence=divergence).sum(), logp_s)
+    assert plain.tolist() == pytest.approx(coef.tolist(), rel=1e-6)  # no behaviour given: samples of s itself
+
+
 def test_the_sampled_loss_gradient_is_an_unbiased_gradient_of_the_reverse_kl():
     zs, zt = _logits(n=1, v=5, seed=3, scale=1.0)
     zs.requires_grad_(True)

@@ -253,7 +253,8 @@ class PPOUpdate:
             t_lp = inp.teacher_sampled[uid].to(logp.device)
             if self._kl_advantage():  # its value for the metrics; PPO carries the gradient
                 return logp, ent, estimators.sampled_estimate(logp, t_lp, cfg.opd_sampled, cfg.opd_divergence)
-            return logp, ent, estimators.sampled_loss(logp, t_lp, cfg.opd_sampled, cfg.opd_divergence)
+            return logp, ent, estimators.sampled_loss(logp, t_lp, cfg.opd_sampled, cfg.opd_divergence,
+                                                      mb.old_logprobs.to(logp.device))
         t = inp.teacher_states.select(uid) if inp.teacher_states is not None and inp.teacher_logp is None else None
         return losses.student_terms(states, mb.action_ids, t, cfg.opd_divergence, cfg.kl_chunk,
                                     inp.teacher_logp[uid] if inp.teacher_logp is not None else None)
