@@ -25,7 +25,8 @@ Arms, each for every seed, the same budget:
                  and the log-probs shared back by text spans (memopd.retokenize)
   same-sampled-fkl, other-sampled-fkl
                  the sampled estimator of the forward KL (importance-weighted by teacher over
-                 student at the sampled token), against either teacher
+                 student at the sampled token), against either teacher, with one PPO epoch a
+                 step (the others four)
 
   served-topk    the same-tokenizer teacher behind a stock ``vllm serve`` on 127.0.0.1 (started
                  here, with ``--vllm-python``'s vLLM), the top-20 + tail estimator, the served
@@ -59,8 +60,9 @@ ARMS: dict[str, list[str]] = {
     "same-full": [],
     "same-sampled": ["--opd-estimator", "sampled"],
     "other-sampled": ["--opd-estimator", "sampled"],  # + --teacher teacher-other
-    "same-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl"],
-    "other-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl"],  # + --teacher teacher-other
+    # one PPO epoch: with four, every sampled arm fell to F1 0 (docs/teacher.md)
+    "same-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl", "--ppo-epochs", "1"],
+    "other-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl", "--ppo-epochs", "1"],  # + other
     "served-topk": ["--opd-estimator", "topk", "--opd-topk", "20"],  # + --teacher URL of the same teacher, served
 }
 
