@@ -15,7 +15,7 @@ teachers of the same shape, fine-tuned on oracle trajectories:
           (the same recipe stopped at 250 steps left it at held-out F1 0.0: its sequences are
           longer, and it needs 1,000 steps on 2,000 trajectories)
 
-Arms, each for every seed, the same budget:
+Arms, each for every seed, the same budget of steps and episodes:
 
   same-full      the full-vocabulary divergence to the same-tokenizer teacher (the embedded
                  default's; with --student, a model directory, the reverse KL)
@@ -33,11 +33,12 @@ Arms, each for every seed, the same budget:
                  log-probs audited against the local copy every 10 steps (asked for by name:
                  ``--arms served-topk``; it needs vLLM)
 
-The sampled estimator is an estimate of the reverse KL, which does not move the embedded
-default's tiny warm start off its copy plateau even with the same-tokenizer teacher (docs/teacher.md
-"What it can teach"). ``--student DIR`` starts every arm from a student past that plateau instead
-(a model directory or training checkpoint, e.g. one of the embedded default's own forward-KL run
-where its held-out F1 is 0.2-0.4), at the tiny preset's learning rate unless --lr says otherwise.
+No divergence moves the embedded default's tiny warm start off its copy plateau but the full
+forward KL (docs/teacher.md "What it can teach"). ``--student DIR`` starts every arm from a student
+past that plateau instead (a model directory or training checkpoint, e.g. one of the embedded
+default's own forward-KL run where its held-out F1 is 0.2-0.4), at the tiny preset's learning rate
+unless --lr says otherwise. The default arms are those that learn from there: the sampled reverse
+KL (same-sampled, other-sampled; asked for by name) fell to F1 0 with four PPO epochs.
 
 same-sampled separates what the estimator costs from what the other tokenizer costs. Each arm is
 its own ``python -m memopd.train`` (resumed after a kill); finished stages are skipped on a rerun.
@@ -67,7 +68,7 @@ ARMS: dict[str, list[str]] = {
 }
 
 
-DEFAULT_ARMS = ("same-full", "same-sampled", "other-sampled", "same-sampled-fkl", "other-sampled-fkl")
+DEFAULT_ARMS = ("same-full", "same-sampled-fkl", "other-sampled-fkl")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -14,11 +14,11 @@ def test_the_study_runs_end_to_end_and_resumes(tmp_path, cache, monkeypatch):
     cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path), "--seeds", "0", "--threads", "1"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     res = json.loads((tmp_path / "results.json").read_text())
-    assert list(res["table"]) == ["same-full", "same-sampled", "other-sampled", "same-sampled-fkl", "other-sampled-fkl"]
+    assert list(res["table"]) == ["same-full", "same-sampled-fkl", "other-sampled-fkl"]
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     cfg = (tmp_path / "runs" / "other-sampled-fkl" / "seed-0" / "config.toml").read_text()
-    assert 'opd_divergence = "fkl"' in cfg and 'opd_estimator = "sampled"' in cfg
-    other, same = res["runs"]["other-sampled"]["0"], res["runs"]["same-sampled"]["0"]
+    assert 'opd_divergence = "fkl"' in cfg and 'opd_estimator = "sampled"' in cfg and "ppo_epochs = 1" in cfg
+    other, same = res["runs"]["other-sampled-fkl"]["0"], res["runs"]["same-sampled-fkl"]["0"]
     assert other["tokens_per_action"] > 1.0 and other["chunks_per_action"] < 1.0  # the teacher's tokens differ
     assert same["tokens_per_action"] == 1.0 and same["chunks_per_action"] == 1.0
     assert all(len(r["0"]["curve"]["f1"]) >= 2 for r in res["runs"].values())
