@@ -227,8 +227,7 @@ def drift_inputs(ctx: WeighContext, k: int, format_prob: float, chunk: int
         s_ids, s_lp = torch.zeros(n, k, dtype=torch.long), torch.zeros(n, k)
         for mb in ctx.minibatches:
             s_ids[mb.action_uid], s_lp[mb.action_uid] = losses.topk_from_states(ctx.student_states(mb), k, chunk)
-    t_ids, t_lp = losses.topk_from_states(ctx.teacher_states, k, chunk, ctx.teacher_logp) \
-        if ctx.teacher_logp is not None or ctx.teacher_states is not None else (None, None)
+    t_ids, t_lp = losses.topk_from_states(ctx.teacher_states, k, chunk, ctx.teacher_logp)  # weigh checked one is there
     overlap = losses.topk_ids_overlap(s_ids, t_ids)
     fmt = torch.zeros(n, dtype=torch.bool)
     if format_prob > 0:
