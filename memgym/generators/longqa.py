@@ -100,6 +100,9 @@ class LongQAConfig:
     """"causal": hop h's fact comes no later than hop h+1's (relevance is known when a fact is
     read); "random": facts are placed independently (harder: a fact may only become relevant
     after a later chunk)."""
+    fact_window: int | None = None
+    """When set, every fact sits in one of the first `fact_window` chunks (the rest is filler): an
+    episode whose answer is decided early, with a long tail of turns that only carry the memory."""
     fact_style: str = "compact"
     """"compact": `alice acme .` (subject and object adjacent, lowercase); "natural": English."""
     sentences_per_document: tuple[int, int] = (2, 3)
@@ -121,6 +124,9 @@ class LongQAConfig:
         _check(isinstance(self.num_chunks, int) and self.num_chunks >= 1, "num_chunks", self.num_chunks, "an int >= 1")
         _check(isinstance(self.distractor_similarity, (int, float)) and 0.0 <= self.distractor_similarity <= 1.0,
                "distractor_similarity", self.distractor_similarity, "a number in [0, 1]")
+        if self.fact_window is not None:
+            _check(isinstance(self.fact_window, int) and 1 <= self.fact_window <= self.num_chunks, "fact_window",
+                   self.fact_window, f"an int in 1..num_chunks ({self.num_chunks}) or None")
         _check(self.fact_order in FACT_ORDERS, "fact_order", self.fact_order, f"one of {FACT_ORDERS}")
         _check(self.fact_style in FACT_STYLES, "fact_style", self.fact_style, f"one of {FACT_STYLES}")
         lo_hi = self.sentences_per_document
@@ -227,7 +233,7 @@ class LongQASource:
         key = f"longqa/{self.seed}/{self.split}/{index}"
         rng = random.Random(key)
         chain = [rng.choice(POOLS[ENTITY_TYPES[h]]) for h in range(cfg.hops + 1)]
-        chunks = [rng.randrange(cfg.num_chunks) for _ in range(cfg.hops)]
+        chunks = [rng.randrange(cfg.fact_window or cfg.num_chunks) for _ in range(cfg.hops)]
         if cfg.fact_order == "causal":
             chunks.sort()
         facts = []

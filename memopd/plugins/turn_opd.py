@@ -198,6 +198,12 @@ class TurnOPD(Plugin):
                         "depth/successes": float(len(self.last_probe.success_depths))})
             if c.h_cov is not None:
                 out["depth/h_cov"] = float(c.h_cov)
+            # the probe's profile K_t and n_t / n_0, for reading where the signal sits (docs/RESULTS.md)
+            n0 = self.last_probe.alive[0] if self.last_probe.alive else 0.0
+            for t, (k, n) in enumerate(zip(self.last_probe.kl, self.last_probe.alive)):
+                if not math.isnan(k):
+                    out[f"depth/kl/{t}"] = float(k)
+                out[f"depth/alive/{t}"] = float(n / n0) if n0 else 0.0
         out["depth/limit"] = float(0 if self.probe else (self.depth or 0))
         return out
 
