@@ -304,6 +304,28 @@ def episode_drift(trainer_logp: torch.Tensor, behaviour_logp: torch.Tensor, epis
     return (total / count.clamp_min(1)).float()
 
 
+def context_drift(trainer_logp: torch.Tensor, behaviour_logp: torch.Tensor, token_map: torch.Tensor,
+                  num_episodes: int) -> torch.Tensor:
+    """[E] supervision drift of each episode: the staleness of the contexts its teacher scores in.
+
+    The teacher scores call ``j`` in the state the earlier calls' actions made (the memory they
+    wrote), and those actions were sampled by the old policy. The k3 estimate of
+    KL(behaviour || current) summed over the action tokens of calls ``c < j`` estimates how far the
+    distribution of that context has moved (a sequence's KL is the sum of its tokens'); D_sup is
+    its mean over the episode's calls (0 for one call, or on-policy). ``token_map`` [N, 3] maps
+    tokens to (episode, call, index)."""
+    log_r = (trainer_logp - behaviour_logp).double()
+    k3 = torch.expm1(log_r) - log_r
+    ep, call = token_map[:, 0], token_map[:, 1]
+    calls = int(call.max()) + 1 if len(call) else 1
+    per_call = torch.zeros(num_episodes * calls, dtype=torch.float64).index_add_(0, ep * calls + call, k3)
+    present = torch.zeros(num_episodes * calls, dtype=torch.float64).index_add_(
+        0, ep * calls + call, torch.ones_like(k3)).view(num_episodes, calls) > 0
+    prefix = per_call.view(num_episodes, calls).cumsum(1) - per_call.view(num_episodes, calls)  # calls before j
+    total = (prefix * present).sum(1)
+    return (total / present.sum(1).clamp_min(1)).float()
+
+
 def freshness(lag: torch.Tensor, rollout_drift: torch.Tensor, alpha: float, beta: float = 0.0,
               supervision_drift: torch.Tensor | None = None) -> torch.Tensor:
     """[E] f-OPD's freshness of each sample (Eq. 11 of the paper), in (0, 1]:
@@ -311,8 +333,9 @@ def freshness(lag: torch.Tensor, rollout_drift: torch.Tensor, alpha: float, beta
         f = 1 / (lag + 1) * exp(-(alpha * sqrt(D_roll) + beta * sqrt(D_sup)))
 
     ``lag`` the optimizer steps since the policy that sampled it, ``rollout_drift`` D_roll (the
-    current policy against that one on its tokens) and ``supervision_drift`` D_sup (the teacher's
-    signal now against the one the sample carries; None: 0). 1: as fresh as an on-policy sample."""
+    current policy against that one on its tokens) and ``supervision_drift`` D_sup (how far the
+    contexts the teacher scores in have moved, :func:`context_drift`; None: 0). 1: as fresh as an
+    on-policy sample."""
     exponent = alpha * rollout_drift.double().clamp_min(0).sqrt()
     if supervision_drift is not None and beta:
         exponent = exponent + beta * supervision_drift.double().clamp_min(0).sqrt()

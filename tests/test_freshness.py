@@ -22,6 +22,23 @@ def test_episode_drift_is_the_mean_k3_of_its_tokens():
     assert losses.episode_drift(behaviour, behaviour, episode, 2).tolist() == [0.0, 0.0]  # on-policy: no drift
 
 
+def test_context_drift_is_the_mean_over_calls_of_the_k3_summed_before_each():
+    # episode 0: calls 0, 1, 2 (tokens 2, 1, 1); episode 1: one call; log r = trainer - behaviour
+    token_map = torch.tensor([[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 2, 0], [1, 0, 0]])
+    log_r = [0.5, -0.5, 1.0, 2.0, 3.0]
+    behaviour = torch.zeros(5)
+    k3 = [math.expm1(x) - x for x in log_r]
+    # call 0 sees no earlier action, call 1 sees call 0's two tokens, call 2 sees calls 0 and 1
+    want0 = (0.0 + (k3[0] + k3[1]) + (k3[0] + k3[1] + k3[2])) / 3
+    got = losses.context_drift(torch.tensor(log_r), behaviour, token_map, 2)
+    assert got.tolist() == pytest.approx([want0, 0.0])  # a single call's context is the task's alone
+    assert losses.context_drift(behaviour, behaviour, token_map, 2).tolist() == [0.0, 0.0]  # on-policy
+    # calls missing from the batch (cut, or unsupervised) are not averaged over; a gap still counts
+    gap = torch.tensor([[0, 0, 0], [0, 2, 0]])
+    assert losses.context_drift(torch.tensor([1.0, 0.0]), torch.zeros(2), gap, 1).tolist() == pytest.approx(
+        [(0.0 + (math.e - 2)) / 2])
+
+
 def test_freshness_is_eq_11_with_both_terms():
     lag, roll = torch.tensor([0.0, 1.0, 3.0]), torch.tensor([0.0, 0.04, 0.25])
     # f = exp(-(alpha sqrt(D_roll) + beta sqrt(D_sup))) / (lag + 1), alpha = 2
@@ -84,9 +101,20 @@ def test_freshness_weights_each_episodes_terms(tmp_path):
     ep = batch.token_map[:, 0]
     want = torch.tensor([0.9, 0.4, 1 / 3 - 0.1, 0.15])  # 1 / (lag + 1) - 0.1 (no drift: the same log-probs)
     assert torch.allclose(w, want[ep]) and torch.allclose(opd, batch.teacher.float() * want[ep])
-    assert stats["fresh/lag"] == 1.5 and stats["fresh/drift"] == 0.0
+    assert stats["fresh/lag"] == 1.5 and stats["fresh/drift"] == 0.0 and stats["fresh/sup_drift"] == 0.0
     assert stats["fresh/score"] == pytest.approx(float((1 / (lags + 1)).mean()))
     assert stats["fresh/ess"] == pytest.approx(losses.effective_sample_size(want) / 4)
+    # both terms, by hand: every student log-prob 0.1 below the behaviour's
+    moved = batch.old_logprobs - 0.1
+    w, _, stats = fresh_weights(batch, lags, moved, weights, batch.teacher.float(), trainer.cfg)
+    k3 = math.expm1(-0.1) + 0.1
+    for e in range(4):
+        calls = batch.token_map[ep == e, 1]
+        n_c = {int(c): int((calls == c).sum()) for c in calls.unique()}
+        d_sup = sum(k3 * sum(n for c2, n in n_c.items() if c2 < c) for c in n_c) / len(n_c)
+        f = math.exp(-(math.sqrt(k3) + math.sqrt(d_sup))) / (float(lags[e]) + 1)  # alpha = beta = 1
+        assert torch.allclose(w[ep == e], torch.tensor(max(f - 0.1, 0.0)), atol=1e-6)
+    assert stats["fresh/drift"] == pytest.approx(k3, rel=1e-4) and stats["fresh/sup_drift"] > stats["fresh/drift"]
     metrics = trainer.learn(episodes)  # on-policy: lag 0, and the drift is the trainer/engine mismatch alone
     assert metrics["fresh/lag"] == 0.0 and 0.0 <= metrics["fresh/drift"] < 1e-3 and metrics["fresh/score"] > 0.98
 
@@ -96,7 +124,7 @@ def test_a_uniformly_stale_step_moves_the_policy_less(tmp_path):
     the same step's on-policy losses (a weighted mean divided by the weights would undo it)."""
     runs = {}
     for lag in (0, 3):
-        trainer = _trainer(tmp_path / f"run{lag}", "--freshness", "weight", "--fresh-alpha", "0")
+        trainer = _trainer(tmp_path / f"run{lag}", "--freshness", "weight", "--fresh-alpha", "0", "--fresh-beta", "0")
         episodes = trainer.rollout()  # sampled as policy version 0
         trainer.step = lag  # trained at version `lag`
         runs[lag] = trainer.learn(episodes)
