@@ -5,17 +5,20 @@ positive control, then against vanilla OPD at equal compute.
     python examples/seed_methods.py                        # all three
     python examples/seed_methods.py --smoke --out DIR      # every arm for a step or two (CI)
 
-Every arm starts from one warm student (the embedded default's run, ``memopd.train`` with no
-flags, stopped at step 25: held-out F1 about 0.3 on LongQA's default, mid-way up the plateau; built
-here once, or ``--student``) and learns from one teacher (the default task's auto teacher, held-out
-F1 1.0 there). Each arm is its own ``python -m memopd.train``, one torch thread, ``--jobs`` at a
+Every arm (but TurnOPD's, below) starts from one warm student (the embedded default's run,
+``memopd.train`` with no flags, stopped at step 25: held-out F1 about 0.3 on LongQA's default,
+mid-way up the plateau; built here once, or ``--student``) and learns from one teacher (the
+default task's auto teacher, held-out F1 1.0 there). Each arm is its own ``python -m memopd.train``, one torch thread, ``--jobs`` at a
 time; equal compute is ``--time-budget`` on ``--budget-clock cpu`` (the process's CPU seconds of
 the steps; evaluations not counted), so an arm that cuts rollouts runs more steps. Held-out F1 on
 128 test episodes (greedy) through training.
 
 turnopd   12 chunks with the fact always in the first three (``fact_window=3``): the answer is
-          decided by call 3, nine memory-copying calls follow before the answer. OPD only
-          (``--reward none``: a cut episode has no answer, so no reward, in any arm).
+          decided by call 3, nine memory-copying calls follow before the answer. Its own teacher
+          and student, fine-tuned on this task (:data:`OWN_TEACHER`, :data:`OWN_STUDENT`: the
+          auto teacher's recipe, and the tiny preset's warm-up, which carries its memory but seldom
+          writes the fact), the forward KL (the tiny student's default). OPD only (``--reward
+          none``: a cut episode has no answer, so no reward, in any arm).
             full      vanilla: token-weighted KL over full rollouts
             cut-4     the positive control: every rollout between probes cut at 4 calls (the depth
                       the fact needs), the depth an oracle would pick. If it does not beat full at
@@ -37,11 +40,11 @@ fopd      LongQA's default, PPO + MemOPD, each step trained on the rollouts of S
             stale-S     S in {4, 8, 16}, no regulation (the positive control: staleness must hurt)
             fopd-S      the same with f-OPD's freshness weights (``--freshness weight``)
 
-The OPD-only studies run at lr 1e-3: at the tiny preset's 2e-3 the 12-chunk vanilla run swung
-between held-out F1 0.6 and 0.0 from one evaluation to the next. The f-OPD study keeps 2e-3, where
-stale updates have room to hurt.
+The Prune-OPD study runs at lr 1e-3 (with the shared 3-chunk teacher on 12 chunks, at 2e-3 and
+the reverse KL, vanilla swung between held-out F1 0.6 and 0.0 from one evaluation to the next);
+the others at the tiny preset's 2e-3, where stale updates have room to hurt.
 
-Everything lands in --out: warm/ (the warm student), <study>/runs/<arm>/seed-<s>/ (run
+Everything lands in --out: warm/ (the warm student), turnopd/teacher and turnopd/student, <study>/runs/<arm>/seed-<s>/ (run
 directories, each log beside it), <study>/results.json (every number and curve), results.md and
 curves.png. A rerun skips finished runs and resumes an unfinished one from its last checkpoint.
 """
@@ -77,6 +80,7 @@ class Study:
     budget_s: float = 0.0  # CPU seconds of training per arm (0: --steps)
     steps: int = 40
     eval_every: int = 10
+    own_models: bool = False  # a teacher and a student fine-tuned on the study's own task (else the shared ones)
 
 
 def stale(s: int, fresh: bool) -> list[str]:
@@ -86,11 +90,11 @@ def stale(s: int, fresh: bool) -> list[str]:
 STUDIES: dict[str, Study] = {
     "turnopd": Study(
         "TurnOPD: 12 chunks, the fact in the first three", {"num_chunks": 12, "fact_window": 3},
-        ["--reward", "none", "--questions-per-step", "4", "--steps", "400"],
+        ["--reward", "none", "--questions-per-step", "4", "--steps", "400", "--opd-divergence", "fkl"],
         {"full": [],
          "cut-4": ["--adaptive-depth", "--depth-min", "4", "--depth-max", "4"],
          "turnopd": ["--adaptive-depth", "--depth-coverage", "0", "--opd-weighting", "progressive"]},
-        lr=1e-3, budget_s=60.0, eval_every=3),
+        budget_s=60.0, eval_every=3, own_models=True),
     "pruneopd": Study(
         "Prune-OPD: students whose memory lost the fact", {}, ["--reward", "none", "--steps", "400"],
         {"vanilla": [],
@@ -197,6 +201,30 @@ def warm_student(out: Path, args: argparse.Namespace) -> str:
                                   "--eval-episodes", "2"]
         run(cmd, out / "warm.log")
     return str(ckpt.resolve())
+
+
+OWN_TEACHER = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "batch_episodes": 32, "lr": 3e-3,
+               "seed": 1}
+"""A study's own teacher: the auto teacher's recipe (``memopd.learn.models.TEACHER_SFT``) on its task."""
+OWN_STUDENT = {"model": "tiny", "num_episodes": 1000, "steps": 100, "batch_episodes": 32, "lr": 3e-3,
+               "warmup_steps": 10, "seed": 2}
+"""A study's own student: the tiny preset's warm-up recipe (``memopd.learn.models.warm_start_student``)
+on its task: it has learnt the format and to carry its memory, and seldom writes the fact."""
+
+
+def sft_model(path: Path, recipe: dict[str, Any], env_kwargs: dict[str, Any], args: argparse.Namespace) -> str:
+    """Fine-tune ``recipe`` on oracle trajectories of the study's task, once."""
+    if not (path / "config.json").is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if args.smoke:
+            recipe = {**recipe, "num_episodes": 4, "steps": 2, "batch_episodes": 2}
+        cmd = ["-m", "memopd.sft", "--out", str(path.resolve()), "--threads", "1", "--no-progress"]
+        for k, v in recipe.items():
+            cmd += ["--" + k.replace("_", "-"), str(v)]
+        for k, v in env_kwargs.items():
+            cmd += ["--env-kwarg", f"{k}={v}"]
+        run(cmd, path.parent / f"{path.name}.log")
+    return str(path.resolve())
 
 
 def teacher_path(args: argparse.Namespace) -> str:
@@ -348,6 +376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         student, teacher = warm_student(out, args), teacher_path(args)
+        models = {name: (student, teacher) for name in args.study_list}
+        own = [name for name in args.study_list if STUDIES[name].own_models]
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # their teachers and students side by side
+            built = {(name, who): pool.submit(sft_model, out / name / who, recipe, STUDIES[name].env_kwargs, args)
+                     for name in own for who, recipe in (("teacher", OWN_TEACHER), ("student", OWN_STUDENT))}
+            for name in own:
+                models[name] = (built[name, "student"].result(), built[name, "teacher"].result())
         todo = [(name, arm, seed) for seed in args.seed_list for name in args.study_list  # whole seeds first
                 for arm in STUDIES[name].arms if args.arm_list is None or arm in args.arm_list
                 if not (out / name / "runs" / arm / f"seed-{seed}" / "summary.json").is_file()]
@@ -357,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             d = out / name / "runs" / arm / f"seed-{seed}"
             d.parent.mkdir(parents=True, exist_ok=True)
             try:
-                run(arm_command(STUDIES[name], arm, d, seed, student, teacher, args), d.parent / f"seed-{seed}.log")
+                run(arm_command(STUDIES[name], arm, d, seed, *models[name], args), d.parent / f"seed-{seed}.log")
             except RuntimeError as exc:
                 with lock:
                     failed.append(str(exc))
