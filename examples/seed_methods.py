@@ -295,9 +295,10 @@ def auc(curve: dict[str, list[float]], horizon: float, by: str) -> float:
         xs, ys = xs + [horizon], ys + [ys[-1]]
     area = 0.0
     for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-        lo, hi = min(x0, horizon), min(x1, horizon)
-        if hi > lo:
-            area += (hi - lo) * (y0 + y1) / 2  # the points past the horizon are cut there
+        hi = min(x1, horizon)
+        if hi > x0:  # a segment past the horizon is cut there, at its interpolated value
+            y_hi = y0 + (y1 - y0) * (hi - x0) / (x1 - x0)
+            area += (hi - x0) * (y0 + y_hi) / 2
     return area / horizon
 
 
