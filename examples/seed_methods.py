@@ -14,11 +14,8 @@ the steps; evaluations not counted), so an arm that cuts rollouts runs more step
 128 test episodes (greedy) through training.
 
 turnopd   12 chunks with the fact always in the first three (``fact_window=3``): the answer is
-          decided by call 3, nine memory-copying calls follow before the answer. Its own teacher
-          and student, fine-tuned on this task (:data:`OWN_TEACHER`, :data:`OWN_STUDENT`: the
-          auto teacher's recipe, and the tiny preset's warm-up, which carries its memory but seldom
-          writes the fact), the forward KL (the tiny student's default). OPD only (``--reward
-          none``: a cut episode has no answer, so no reward, in any arm).
+          decided by call 3, nine memory-copying calls follow before the answer. OPD only
+          (``--reward none``: a cut episode has no answer, so no reward, in any arm).
             full      vanilla: token-weighted KL over full rollouts
             cut-4     the positive control: every rollout between probes cut at 4 calls (the depth
                       the fact needs), the depth an oracle would pick. If it does not beat full at
@@ -26,6 +23,10 @@ turnopd   12 chunks with the fact always in the first three (``fact_window=3``):
             turnopd   TurnOPD: adaptive depth from the probes' KL centroid (``--depth-coverage 0``:
                       on MemAgent every successful trajectory reads every chunk, so the paper's
                       coverage floor would keep the full depth) and progressive loss budgeting
+turnopd-own  the same arms with a teacher and a student fine-tuned on this task (:data:`OWN_TEACHER`,
+          :data:`OWN_STUDENT`: the auto teacher's recipe, held-out F1 1.0 here, and the tiny
+          preset's warm-up), the forward KL (the tiny student's default), lr 2e-3: the shared
+          teacher, trained on 3 chunks, reaches only F1 0.73 on 12
 pruneopd  LongQA's default (3 chunks); most of the warm student's episodes lose the fact, and the
           aligned teacher then scores an answer from a memory without it: a guess. OPD only.
             vanilla     token-weighted KL on everything
@@ -40,11 +41,10 @@ fopd      LongQA's default, PPO + MemOPD, each step trained on the rollouts of S
             stale-S     S in {4, 8, 16}, no regulation (the positive control: staleness must hurt)
             fopd-S      the same with f-OPD's freshness weights (``--freshness weight``)
 
-The Prune-OPD study runs at lr 1e-3 (with the shared 3-chunk teacher on 12 chunks, at 2e-3 and
-the reverse KL, vanilla swung between held-out F1 0.6 and 0.0 from one evaluation to the next);
-the others at the tiny preset's 2e-3, where stale updates have room to hurt.
+The turnopd and pruneopd studies run at lr 1e-3 (at 2e-3, on 12 chunks, vanilla swung between
+held-out F1 0.6 and 0.0 from one evaluation to the next).
 
-Everything lands in --out: warm/ (the warm student), turnopd/teacher and turnopd/student, <study>/runs/<arm>/seed-<s>/ (run
+Everything lands in --out: warm/ (the warm student), turnopd-own/teacher and turnopd-own/student, <study>/runs/<arm>/seed-<s>/ (run
 directories, each log beside it), <study>/results.json (every number and curve), results.md and
 curves.png. A rerun skips finished runs and resumes an unfinished one from its last checkpoint.
 """
@@ -87,13 +87,19 @@ def stale(s: int, fresh: bool) -> list[str]:
     return ["--simulated-staleness", str(s)] + (["--freshness", "weight"] if fresh else [])
 
 
+TURN_ARMS = {"full": [],
+             "cut-4": ["--adaptive-depth", "--depth-min", "4", "--depth-max", "4"],
+             "turnopd": ["--adaptive-depth", "--depth-coverage", "0", "--opd-weighting", "progressive"]}
+
 STUDIES: dict[str, Study] = {
     "turnopd": Study(
         "TurnOPD: 12 chunks, the fact in the first three", {"num_chunks": 12, "fact_window": 3},
-        ["--reward", "none", "--questions-per-step", "4", "--steps", "400", "--opd-divergence", "fkl"],
-        {"full": [],
-         "cut-4": ["--adaptive-depth", "--depth-min", "4", "--depth-max", "4"],
-         "turnopd": ["--adaptive-depth", "--depth-coverage", "0", "--opd-weighting", "progressive"]},
+        ["--reward", "none", "--questions-per-step", "4", "--steps", "400"], TURN_ARMS,
+        lr=1e-3, budget_s=60.0, eval_every=3),
+    "turnopd-own": Study(
+        "TurnOPD, its own teacher and student: 12 chunks, the fact in the first three",
+        {"num_chunks": 12, "fact_window": 3},
+        ["--reward", "none", "--questions-per-step", "4", "--steps", "400", "--opd-divergence", "fkl"], TURN_ARMS,
         budget_s=60.0, eval_every=3, own_models=True),
     "pruneopd": Study(
         "Prune-OPD: students whose memory lost the fact", {}, ["--reward", "none", "--steps", "400"],
@@ -376,9 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        student, teacher = warm_student(out, args), teacher_path(args)
-        models = {name: (student, teacher) for name in args.study_list}
         own = [name for name in args.study_list if STUDIES[name].own_models]
+        shared = [name for name in args.study_list if name not in own]
+        student, teacher = (warm_student(out, args), teacher_path(args)) if shared else ("", "")
+        models = {name: (student, teacher) for name in shared}
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # their teachers and students side by side
             built = {(name, who): pool.submit(sft_model, out / name / who, recipe, STUDIES[name].env_kwargs, args)
                      for name in own for who, recipe in (("teacher", OWN_TEACHER), ("student", OWN_STUDENT))}
