@@ -40,6 +40,9 @@ fopd      LongQA's default, PPO + MemOPD, each step trained on the rollouts of S
             sync        on-policy (the positive control's reference)
             stale-S     S in {4, 8, 16}, no regulation (the positive control: staleness must hurt)
             fopd-S      the same with f-OPD's freshness weights (``--freshness weight``)
+fopd-sampled  the same arms with the sampled-token estimator the paper trains with (its forward
+          KL, one PPO epoch a step: docs/teacher.md), where a stale sample's signal rests on the
+          importance weight between the current and the behaviour policy
 
 The turnopd and pruneopd studies run at lr 1e-3 (at 2e-3, on 12 chunks, vanilla swung between
 held-out F1 0.6 and 0.0 from one evaluation to the next).
@@ -109,6 +112,12 @@ STUDIES: dict[str, Study] = {
         lr=1e-3, budget_s=60.0, eval_every=5),
     "fopd": Study(
         "f-OPD: rollouts S steps stale", {}, [],
+        {"sync": [], **{f"stale-{s}": stale(s, False) for s in (4, 8, 16)},
+         **{f"fopd-{s}": stale(s, True) for s in (4, 8, 16)}},
+        steps=40, eval_every=5),
+    "fopd-sampled": Study(
+        "f-OPD with the sampled-token estimator: rollouts S steps stale", {},
+        ["--opd-estimator", "sampled", "--opd-divergence", "fkl", "--ppo-epochs", "1"],
         {"sync": [], **{f"stale-{s}": stale(s, False) for s in (4, 8, 16)},
          **{f"fopd-{s}": stale(s, True) for s in (4, 8, 16)}},
         steps=40, eval_every=5),
