@@ -35,22 +35,26 @@ def test_auc_is_the_mean_f1_over_the_horizon_by_hand():
 
 def test_the_studies_run_end_to_end_and_resume(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("MEMOPD_CACHE", str(cache))
-    cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path), "--seeds", "0", "--jobs", "1",
-           "--teacher", "tiny-teacher"]
+    cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path), "--seeds", "0", "--jobs", "2",
+           "--teacher", "tiny-teacher", "--study", "turnopd,turnopd-own,pruneopd,fopd,fopd-sampled"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    res = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in ("turnopd", "pruneopd", "fopd")}
+    names = ("turnopd", "turnopd-own", "pruneopd", "fopd", "fopd-sampled")
+    res = {name: json.loads((tmp_path / name / "results.json").read_text()) for name in names}
     assert list(res["turnopd"]["table"]) == ["full", "cut-4", "turnopd"]
     assert list(res["pruneopd"]["table"]) == ["vanilla", "oracle-drop", "prune-opd"]
     assert list(res["fopd"]["table"]) == ["sync", "stale-4", "stale-8", "stale-16", "fopd-4", "fopd-8", "fopd-16"]
+    assert list(res["fopd-sampled"]["table"]) == list(res["fopd"]["table"])
     method = {name: {arm: t["method"] for arm, t in r["table"].items()} for name, r in res.items()}
     assert "depth/kl/0" in method["turnopd"]["turnopd"] and method["turnopd"]["full"] == {}
     oracle = method["pruneopd"]["oracle-drop"]
     assert 0.0 <= oracle["oracle/lost_fact"] <= 1.0 and (oracle["oracle/dropped_tokens"] > 0) == (oracle["oracle/lost_fact"] > 0)
     assert "prune/window" in method["pruneopd"]["prune-opd"]
     assert "fresh/sup_drift" in method["fopd"]["fopd-16"] and "fresh/weight" not in method["fopd"]["stale-16"]
-    cfg = (tmp_path / "turnopd" / "runs" / "turnopd" / "seed-0" / "config.toml").read_text()
+    cfg = (tmp_path / "turnopd-own" / "runs" / "turnopd" / "seed-0" / "config.toml").read_text()
     assert 'opd_weighting = "progressive"' in cfg and "depth_coverage = 0.0" in cfg and "fact_window = 3" in cfg
-    assert str((tmp_path / "turnopd" / "teacher").resolve()) in cfg  # its own SFT teacher
+    assert str((tmp_path / "turnopd-own" / "teacher").resolve()) in cfg  # its own SFT teacher
+    cfg = (tmp_path / "fopd-sampled" / "runs" / "fopd-16" / "seed-0" / "config.toml").read_text()
+    assert 'opd_estimator = "sampled"' in cfg and "simulated_staleness = 16" in cfg and 'freshness = "weight"' in cfg
     for name in res:
         assert (tmp_path / name / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = subprocess.run(cmd, check=True, capture_output=True, text=True)  # finished runs are reused
