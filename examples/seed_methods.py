@@ -8,10 +8,11 @@ positive control, then against vanilla OPD at equal compute.
 Every arm (but TurnOPD's, below) starts from one warm student (the embedded default's run,
 ``memopd.train`` with no flags, stopped at step 25: held-out F1 about 0.3 on LongQA's default,
 mid-way up the plateau; built here once, or ``--student``) and learns from one teacher (the
-default task's auto teacher, held-out F1 1.0 there). Each arm is its own ``python -m memopd.train``, one torch thread, ``--jobs`` at a
-time; equal compute is ``--time-budget`` on ``--budget-clock cpu`` (the process's CPU seconds of
-the steps; evaluations not counted), so an arm that cuts rollouts runs more steps. Held-out F1 on
-128 test episodes (greedy) through training.
+default task's auto teacher, held-out F1 1.0 there). Each arm is its own
+``python -m memopd.train``, one torch thread, ``--jobs`` at a time; equal compute is
+``--time-budget`` on ``--budget-clock cpu`` (the process's CPU seconds of the steps; evaluations
+not counted), so an arm that cuts rollouts runs more steps. Held-out F1 on 128 test episodes
+(greedy) through training.
 
 turnopd   12 chunks with the fact always in the first three (``fact_window=3``): the answer is
           decided by call 3, nine memory-copying calls follow before the answer. OPD only
@@ -47,9 +48,10 @@ fopd-sampled  the same arms with the sampled-token estimator the paper trains wi
 The turnopd and pruneopd studies run at lr 1e-3 (at 2e-3, on 12 chunks, vanilla swung between
 held-out F1 0.6 and 0.0 from one evaluation to the next).
 
-Everything lands in --out: warm/ (the warm student), turnopd-own/teacher and turnopd-own/student, <study>/runs/<arm>/seed-<s>/ (run
-directories, each log beside it), <study>/results.json (every number and curve), results.md and
-curves.png. A rerun skips finished runs and resumes an unfinished one from its last checkpoint.
+Everything lands in --out: warm/ (the warm student), turnopd-own/teacher and turnopd-own/student,
+<study>/runs/<arm>/seed-<s>/ (run directories, each log beside it), <study>/results.json (every
+number and curve), results.md and curves.png. A rerun skips finished runs and resumes an
+unfinished one from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -344,16 +346,19 @@ def report(name: str, out: Path, args: argparse.Namespace) -> dict[str, Any] | N
                       "method": {k: statistics.fmean(r["method"].get(k, float("nan")) for r in rs)
                                  for k in rs[0]["method"]}}
     results = {"study": name, "title": study.title, "env_kwargs": study.env_kwargs, "flags": study.flags,
-               "arms": study.arms, "lr": study.lr, "budget_cpu_s": study.budget_s, "steps": study.steps, "seeds": args.seed_list,
+               "arms": study.arms, "lr": study.lr, "budget_cpu_s": study.budget_s, "steps": study.steps,
+               "seeds": args.seed_list,
                "eval_episodes": args.eval_episodes, "smoke": args.smoke, "auc_by": by, "table": table, "runs": runs,
                "command": f"python examples/seed_methods.py --study {name}"}
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     unit = "CPU seconds" if study.budget_s else "steps"
     lines = [f"{study.title}. Held-out F1 ({args.eval_episodes} test episodes, greedy), mean +- sd over seeds; "
              f"AUC: mean F1 over the first {horizon:g} {unit}.", "",
-             "| arm | seeds | F1 before | F1 after | AUC | steps | s / step | calls / episode |", "|---|---|---|---|---|---|---|---|"]
+             "| arm | seeds | F1 before | F1 after | AUC | steps | s / step | calls / episode |",
+             "|---|---|---|---|---|---|---|---|"]
     for arm, t in table.items():
-        lines.append(f"| {arm} | {t['after']['n']} | {t['before']:.3f} | {t['after']['mean']:.3f} +- {t['after']['sd']:.3f} | "
+        lines.append(f"| {arm} | {t['after']['n']} | {t['before']:.3f} | "
+                     f"{t['after']['mean']:.3f} +- {t['after']['sd']:.3f} | "
                      f"{t['auc']['mean']:.3f} +- {t['auc']['sd']:.3f} | {t['steps']['mean']:.1f} | "
                      f"{t['s_per_step']['mean']:.2f} | {t['calls_per_episode']:.2f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")

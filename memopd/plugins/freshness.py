@@ -49,7 +49,8 @@ class FreshnessOptions:
 
     freshness: str = field("off", help="f-OPD's regulation of stale samples: weight (each episode's loss terms "
                                        "times max(f - --fresh-threshold, 0), its freshness f = exp(-alpha * "
-                                       "sqrt(D_roll) - beta * sqrt(D_sup)) / (lag + 1)) or off", choices=("off", "weight"))
+                                       "sqrt(D_roll) - beta * sqrt(D_sup)) / (lag + 1)) or off",
+                               choices=("off", "weight"))
     fresh_alpha: float = field(1.0, help="freshness: alpha, the scale of the rollout drift's square root (the mean "
                                          "k3 KL(behaviour || current) per token) in the exponent", range=(0.0, None))
     fresh_beta: float = field(1.0, help="freshness: beta, the scale of the supervision drift's square root (the "
