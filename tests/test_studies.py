@@ -107,3 +107,39 @@ def test_given_models_must_exist(tmp_path, capsys):
     rep = load("reproduce_memopd")
     with pytest.raises(SystemExit, match="--teacher .*no model there"):
         rep.main(["--smoke", "--out", str(tmp_path), "--teacher", str(tmp_path / "nope"), "--no-progress"])
+
+
+@pytest.mark.slow
+def test_baselines_smoke(tmp_path):
+    """examples/reproduce_baselines.py: the off-policy arms beside the fair control's curves, the
+    mid-plateau warm start and the PPO-with-a-signal arms with 8 samples a question."""
+    rep = load("reproduce_memopd")
+    bl = load("reproduce_baselines")
+    assert rep.main(["--smoke", "--teacher-sft-context", "both", "--arms", "ppo+memopd", "--seeds", "0",
+                     "--out", str(tmp_path), "--name", "fair120", "--no-progress"]) == 0
+    assert bl.main(["--smoke", "--exp", str(tmp_path), "--seeds", "0", "--no-progress"]) == 0
+    res = json.loads((tmp_path / "offpolicy.json").read_text())
+    assert set(res["curves"]) == {"sft-oracle", "sft-teacher", "ppo+memopd"}  # the control's arm beside them
+    for arm in bl.OFFPOLICY_ARMS:
+        curve = res["curves"][arm]["0"]
+        assert curve["step"] == [0, 1, 2] and curve["episodes"] == [0, 32, 64]
+        # each step trained on its own fresh episodes: the cache holds steps x 32
+        lines = (tmp_path / "runs-offpolicy" / arm / "seed-0" / "episodes.jsonl").read_text().splitlines()
+        assert len(lines) == 2 * bl.EPISODES_PER_STEP
+    teacher_eps = (tmp_path / "runs-offpolicy" / "sft-teacher" / "seed-0" / "episodes.jsonl").read_text()
+    assert json.loads(teacher_eps.splitlines()[0])["invocations"]  # sampled by the teacher, one call per chunk
+    assert (tmp_path / "student-mid" / "config.json").is_file()
+    for arm in ("ppo", "ppo+memopd", "opd-only"):
+        cfg = (tmp_path / "runs-signal" / "fkl" / arm / "seed-0" / "config.toml").read_text()
+        assert "student-mid" in cfg and "group_size = 2" in cfg  # smoke: 2 samples (8 in the study)
+    # a rerun reuses every finished arm
+    before = (tmp_path / "runs-offpolicy" / "sft-oracle" / "seed-0" / "curve.json").stat().st_mtime
+    assert bl.main(["--smoke", "--exp", str(tmp_path), "--seeds", "0", "--study", "offpolicy", "--no-progress"]) == 0
+    assert (tmp_path / "runs-offpolicy" / "sft-oracle" / "seed-0" / "curve.json").stat().st_mtime == before
+
+
+def test_baselines_arms_are_checked(capsys):
+    bl = load("reproduce_baselines")
+    with pytest.raises(SystemExit):
+        bl.parse_args(["--study", "offpolicy", "--arms", "sft-nope"])
+    assert "unknown off-policy arm" in capsys.readouterr().err
