@@ -2,6 +2,7 @@
 
     python examples/reproduce_baselines.py --study offpolicy   # SFT on oracle / teacher trajectories
     python examples/reproduce_baselines.py --study signal      # PPO from a mid-plateau warm start
+    python examples/reproduce_baselines.py --study variance    # 2 teachers x 2 warm starts
     python examples/reproduce_baselines.py --smoke --exp DIR   # both pipelines in about a minute (CI)
 
 Both studies share examples/reproduce_memopd.py's setting, warm student and fair teacher
@@ -23,6 +24,13 @@ signal     The reproduction's PPO starts where almost every group of 4 samples s
            --mid-f1 (student-mid/), and each question gets 8 samples at the reproduction's number of
            episodes per step (4 questions x 8). Arms ppo, ppo+memopd and opd-only of
            examples/reproduce_memopd.py, runs in runs-signal/, report results-signal-<divergence>.*.
+
+variance   The reproduction varies only the RL seed. Here the main matched control, ppo+opd-persist
+           against ppo+memopd at the reproduction's budget (40 steps), runs for 2 fair teachers
+           (teacher-both/ and one built by the same recipe with other seeds: teacher-s2000/,
+           teacher-both-s2000/) x 2 warm students (student/ and student-s8/). The cell of the first
+           teacher and student is the converged control's runs (--control) read at the same step;
+           the others land in runs-var-t<i>-s<j>/; the report in variance.json / variance.md.
 
 A rerun reuses finished work; a killed SFT arm resumes from its last evaluation.
 """
@@ -60,7 +68,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--exp", default="runs/reproduce", help="the reproduction's experiment directory (shared)")
-    ap.add_argument("--study", choices=("offpolicy", "signal", "all"), default="all", help="which study to run")
+    ap.add_argument("--study", choices=("offpolicy", "signal", "variance", "all"), default="all", help="which study to run")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     ap.add_argument("--arms", default=None,
                     help=f"comma-separated arms (offpolicy: {list(OFFPOLICY_ARMS)}; signal: ppo, ppo+memopd, "
@@ -314,6 +322,82 @@ def signal(args: argparse.Namespace, rep, common: list[str]) -> None:
                        "--group-size", str(8 if not args.smoke else 2)])
 
 
+TEACHER_SEEDS = (1000, 2000)
+"""The fair teachers' SFT seeds (the first is the reproduction's); the second SFT uses seed + 1."""
+STUDENT_SEEDS = (7, 8)
+"""The warm students' SFT seeds (the first is the reproduction's)."""
+MAIN_ARMS = ("ppo+opd-persist", "ppo+memopd")
+
+
+def variance(args: argparse.Namespace, rep, common: list[str], base: argparse.Namespace) -> dict[str, Any]:
+    b, exp = base.budget, Path(args.exp)
+    steps = args.steps or (2 if args.smoke else 40)
+    teachers = [exp / "teacher-both"]
+    for seed in TEACHER_SEEDS[1:]:
+        t = rep.sft_model("tiny-teacher", exp / f"teacher-s{seed}", b.teacher_steps, b.teacher_batch,
+                          b.teacher_episodes, seed, b, base)
+        teachers.append(rep.sft_model(str(t), exp / f"teacher-both-s{seed}", b.both_steps, b.teacher_batch,
+                                      b.teacher_episodes, seed + 1, b, base, context="both",
+                                      num_chunks=base.env_kwargs["num_chunks"], lr=1e-3))
+    students = [exp / "student"] + [rep.sft_model("tiny", exp / f"student-s{seed}", b.warmup_steps, b.warmup_batch,
+                                                  1000, seed, b, base) for seed in STUDENT_SEEDS[1:]]
+    cells: dict[str, Any] = {}
+    control = exp / f"results-{args.control}-{b.divergence}.json"
+    for i, teacher in enumerate(teachers):
+        for j, student in enumerate(students):
+            name = f"t{i}-s{j}"
+            cell = {"teacher": teacher.name, "student": student.name,
+                    "teacher_f1": rep.heldout_f1(teacher, b, base.env_kwargs),
+                    "student_f1": rep.heldout_f1(student, b, base.env_kwargs), "arms": {}}
+            if i == 0 and j == 0 and control.is_file():  # the converged control's runs, read at `steps`
+                fair = json.loads(control.read_text())
+                for arm in MAIN_ARMS:
+                    cell["arms"][arm] = {s: at_step(c, steps) for s, c in fair["curves"][arm].items()
+                                         if int(s) in args.seed_list}
+                cell["source"] = control.name
+            else:
+                rep.main(common + ["--teacher", str(teacher), "--student", str(student), "--name", f"var-{name}",
+                                   "--arms", ",".join(MAIN_ARMS), "--seeds", args.seeds, "--steps", str(steps)])
+                res = json.loads((exp / f"results-var-{name}-{b.divergence}.json").read_text())
+                for arm in MAIN_ARMS:
+                    cell["arms"][arm] = {s: c["f1"][-1] for s, c in res["curves"][arm].items()}
+                cell["source"] = f"results-var-{name}-{b.divergence}.json"
+            cells[name] = cell
+    results = {"steps": steps, "seeds": args.seed_list, "cells": cells, "summary": variance_summary(cells, rep),
+               "versions": rep.versions(), "command": "python examples/reproduce_baselines.py " + " ".join(sys.argv[1:])}
+    (exp / "variance.json").write_text(json.dumps(results, indent=2))
+    lines = [f"Held-out F1 after {steps} steps ({b.eval_episodes} test episodes), per teacher x warm student, "
+             f"mean over RL seeds {args.seed_list}; gap = ppo+memopd - ppo+opd-persist.", "",
+             "| cell | teacher (F1) | warm student (F1) | persistent | MemOPD | gap |", "|---|---|---|---|---|---|"]
+    for name, c in cells.items():
+        p, m = (sum(c["arms"][a].values()) / len(c["arms"][a]) for a in MAIN_ARMS)
+        lines.append(f"| {name} | {c['teacher']} ({c['teacher_f1']:.3f}) | {c['student']} ({c['student_f1']:.3f}) "
+                     f"| {p:.3f} | {m:.3f} | {m - p:+.3f} |")
+    sm = results["summary"]
+    lines += ["", f"Over the {len(cells)} cells: gap {sm['gap'][0]:+.3f} ± {sm['gap'][1]:.3f} (std over cells); "
+                  f"over every run: persistent {sm['persistent'][0]:.3f} ± {sm['persistent'][1]:.3f}, MemOPD "
+                  f"{sm['memopd'][0]:.3f} ± {sm['memopd'][1]:.3f}."]
+    (exp / "variance.md").write_text("\n".join(lines) + "\n")
+    return results
+
+
+def at_step(curve: dict[str, list], step: int) -> float:
+    """A curve's held-out F1 at ``step`` (an evaluation step of it)."""
+    return curve["f1"][curve["step"].index(step)]
+
+
+def variance_summary(cells: dict[str, Any], rep) -> dict[str, Any]:
+    gaps = []
+    runs: dict[str, list[float]] = {a: [] for a in MAIN_ARMS}
+    for c in cells.values():
+        means = {a: sum(c["arms"][a].values()) / len(c["arms"][a]) for a in MAIN_ARMS}
+        gaps.append(means["ppo+memopd"] - means["ppo+opd-persist"])
+        for a in MAIN_ARMS:
+            runs[a] += list(c["arms"][a].values())
+    return {"gap": rep.mean_std(gaps), "persistent": rep.mean_std(runs["ppo+opd-persist"]),
+            "memopd": rep.mean_std(runs["ppo+memopd"])}
+
+
 def shared_models(rep, base: argparse.Namespace) -> None:
     """The fair control's teacher-both/ and warm student/: built by its recipe, or reused."""
     b, out = base.budget, Path(base.out)
@@ -344,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert results["table"]
     if args.study in ("signal", "all"):
         signal(args, rep, common)
+    if args.study in ("variance", "all"):
+        variance(args, rep, common, base)
+        print((exp / "variance.md").read_text())
     return 0
 
 

@@ -115,11 +115,11 @@ def test_baselines_smoke(tmp_path):
     mid-plateau warm start and the PPO-with-a-signal arms with 8 samples a question."""
     rep = load("reproduce_memopd")
     bl = load("reproduce_baselines")
-    assert rep.main(["--smoke", "--teacher-sft-context", "both", "--arms", "ppo+memopd", "--seeds", "0",
+    assert rep.main(["--smoke", "--teacher-sft-context", "both", "--arms", "ppo+opd-persist,ppo+memopd", "--seeds", "0",
                      "--out", str(tmp_path), "--name", "fair120", "--no-progress"]) == 0
     assert bl.main(["--smoke", "--exp", str(tmp_path), "--seeds", "0", "--no-progress"]) == 0
     res = json.loads((tmp_path / "offpolicy.json").read_text())
-    assert set(res["curves"]) == {"sft-oracle", "sft-teacher", "ppo+memopd"}  # the control's arm beside them
+    assert set(res["curves"]) == {"sft-oracle", "sft-teacher", "ppo+memopd", "ppo+opd-persist"}  # + the control's
     for arm in bl.OFFPOLICY_ARMS:
         curve = res["curves"][arm]["0"]
         assert curve["step"] == [0, 1, 2] and curve["episodes"] == [0, 32, 64]
@@ -132,6 +132,12 @@ def test_baselines_smoke(tmp_path):
     for arm in ("ppo", "ppo+memopd", "opd-only"):
         cfg = (tmp_path / "runs-signal" / "fkl" / arm / "seed-0" / "config.toml").read_text()
         assert "student-mid" in cfg and "group_size = 2" in cfg  # smoke: 2 samples (8 in the study)
+    var = json.loads((tmp_path / "variance.json").read_text())
+    assert set(var["cells"]) == {"t0-s0", "t0-s1", "t1-s0", "t1-s1"}
+    assert var["cells"]["t0-s0"]["source"] == "results-fair120-fkl.json"  # the control's runs, read at step 2
+    assert var["cells"]["t1-s1"]["teacher"] == "teacher-both-s2000" and var["cells"]["t1-s1"]["student"] == "student-s8"
+    assert (tmp_path / "runs-var-t1-s1" / "fkl" / "ppo+memopd" / "seed-0" / "summary.json").is_file()
+    assert "| t1-s1 |" in (tmp_path / "variance.md").read_text()
     # a rerun reuses every finished arm
     before = (tmp_path / "runs-offpolicy" / "sft-oracle" / "seed-0" / "curve.json").stat().st_mtime
     assert bl.main(["--smoke", "--exp", str(tmp_path), "--seeds", "0", "--study", "offpolicy", "--no-progress"]) == 0
