@@ -68,7 +68,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--exp", default="runs/reproduce", help="the reproduction's experiment directory (shared)")
-    ap.add_argument("--study", choices=("offpolicy", "signal", "variance", "all"), default="all", help="which study to run")
+    ap.add_argument("--study", choices=("offpolicy", "signal", "variance", "all"), default="all",
+                    help="which study to run")
     ap.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     ap.add_argument("--arms", default=None,
                     help=f"comma-separated arms (offpolicy: {list(OFFPOLICY_ARMS)}; signal: ppo, ppo+memopd, "
@@ -364,7 +365,8 @@ def variance(args: argparse.Namespace, rep, common: list[str], base: argparse.Na
                 cell["source"] = f"results-var-{name}-{b.divergence}.json"
             cells[name] = cell
     results = {"steps": steps, "seeds": args.seed_list, "cells": cells, "summary": variance_summary(cells, rep),
-               "versions": rep.versions(), "command": "python examples/reproduce_baselines.py " + " ".join(sys.argv[1:])}
+               "versions": rep.versions(),
+               "command": "python examples/reproduce_baselines.py " + " ".join(sys.argv[1:])}
     (exp / "variance.json").write_text(json.dumps(results, indent=2))
     lines = [f"Held-out F1 after {steps} steps ({b.eval_episodes} test episodes), per teacher x warm student, "
              f"mean over RL seeds {args.seed_list}; gap = ppo+memopd - ppo+opd-persist.", "",
