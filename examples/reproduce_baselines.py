@@ -119,6 +119,7 @@ def arm_episodes(arm: str, seed: int, teacher: Path, count: int, rep, b, env_kwa
         episodes = load_episodes(cache).episodes
         if len(episodes) >= count:
             return episodes[:count]
+    t0 = time.perf_counter()
     model, tok = load(teacher)
     if arm == "sft-oracle":
         episodes = oracle_episodes(rep.ENV, {**env_kwargs, "num_chunks": b.sft_chunks}, tok, count,
@@ -131,6 +132,8 @@ def arm_episodes(arm: str, seed: int, teacher: Path, count: int, rep, b, env_kwa
                            run_id=f"teacher-samples-{seed}")
     cache.parent.mkdir(parents=True, exist_ok=True)
     save_episodes(cache, episodes)
+    # what drawing them cost: the teacher's sampling is part of sequence-level distillation's compute
+    cache.with_suffix(".seconds").write_text(f"{time.perf_counter() - t0:.3f}\n")
     return episodes
 
 
@@ -216,6 +219,8 @@ def sft_arm(arm: str, seed: int, student: Path, teacher: Path, run_dir: Path, st
             if stop_at_f1 is not None and f1 >= stop_at_f1:
                 break
     curve["stopped_at"] = curve["step"][-1]
+    drawn = run_dir / "episodes.seconds"
+    curve["episodes_s"] = float(drawn.read_text()) if drawn.is_file() else None
     done.write_text(json.dumps(curve))
     return curve
 
@@ -258,8 +263,10 @@ def table(curves: dict[str, dict[str, Any]]) -> dict[str, Any]:
         finals = [c["f1"][-1] for c in runs.values()]
         aucs = [auc(c["step"], c["f1"]) for c in runs.values()]
         s_step = [c["seconds"][-1] / max(1, c["step"][-1]) for c in runs.values()]
+        drawn = [c["episodes_s"] / max(1, c["step"][-1]) for c in runs.values() if c.get("episodes_s") is not None]
         out[arm] = {"final": (*rep.mean_std(finals), finals), "auc": (*rep.mean_std(aucs), aucs),
-                    "s_per_step": rep.mean_std(s_step)[0]}
+                    "s_per_step": rep.mean_std(s_step)[0],
+                    "episodes_s_per_step": rep.mean_std(drawn)[0] if drawn else None}
     return out
 
 
@@ -273,11 +280,13 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [f"Held-out F1 ({results['eval_episodes']} test episodes, greedy) over {results['steps']} steps of "
              f"{results['episodes_per_step']} episodes and {results['updates_per_step']} optimizer steps each; "
              f"mean ± std over seeds {results['seeds']}.", "",
-             "| arm | final F1 | AUC (mean F1 over the steps) | train s/step | per seed (final) |",
-             "|---|---|---|---|---|"]
+             "| arm | final F1 | AUC (mean F1 over the steps) | train s/step | drawing the episodes, s/step "
+             "| per seed (final) |", "|---|---|---|---|---|---|"]
     for arm, row in results["table"].items():
+        drawn = row.get("episodes_s_per_step")
         lines.append(f"| {arm} | {row['final'][0]:.3f} ± {row['final'][1]:.3f} | {row['auc'][0]:.3f} ± "
                      f"{row['auc'][1]:.3f} | {row['s_per_step']:.2f} | "
+                     + ("in the step" if drawn is None else f"{drawn:.2f}") + " | "
                      + ", ".join(f"{x:.3f}" for x in row["final"][2]) + " |")
     return "\n".join(lines) + "\n"
 
