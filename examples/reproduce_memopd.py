@@ -74,6 +74,8 @@ class Budget:
     ppo_epochs: int = 2
     lr: float = 2e-3
     rl_warmup_steps: int = 5
+    ref_beta: float = 0.0
+    entropy_coef: float = 0.0
     divergence: str = "fkl"
     eval_every: int = 5
     eval_episodes: int = 64
@@ -222,7 +224,7 @@ def arm_config(arm: str, seed: int, student: Path, teacher: Path, run_dir: Path,
                        student_warmup_steps=0, run_dir=str(run_dir), steps=b.steps, seed=seed,
                        threads=args.threads, questions_per_step=b.questions_per_step, group_size=b.group_size,
                        max_new_tokens=b.max_new_tokens, ppo_epochs=b.ppo_epochs, lr=b.lr,
-                       warmup_steps=b.rl_warmup_steps,
+                       warmup_steps=b.rl_warmup_steps, ref_beta=b.ref_beta, entropy_coef=b.entropy_coef,
                        opd_divergence=b.divergence, eval_every=b.eval_every, eval_episodes=b.eval_episodes,
                        save_every=5, progress=args.progress, **ARMS[arm])
 
