@@ -28,6 +28,12 @@ Arms, each for every seed, the same budget of steps and episodes:
                  student at the sampled token), against either teacher, with one PPO epoch a
                  step (the others four)
 
+  same-topk      the top-20 + tail estimator (the teacher's 20 most likely tokens and one bucket for
+                 the rest) against the same-tokenizer teacher
+  other-topk     the same against the other-tokenizer teacher: its 20 most likely tokens that the
+                 student's vocabulary has, by text, at each student token alone in its chunk
+                 (memopd.retokenize, rule 4)
+
   served-topk    the same-tokenizer teacher behind a stock ``vllm serve`` on 127.0.0.1 (started
                  here, with ``--vllm-python``'s vLLM), the top-20 + tail estimator, the served
                  log-probs audited against the local copy every 10 steps (asked for by name:
@@ -65,10 +71,12 @@ ARMS: dict[str, list[str]] = {
     "same-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl", "--ppo-epochs", "1"],
     "other-sampled-fkl": ["--opd-estimator", "sampled", "--opd-divergence", "fkl", "--ppo-epochs", "1"],  # + other
     "served-topk": ["--opd-estimator", "topk", "--opd-topk", "20"],  # + --teacher URL of the same teacher, served
+    "same-topk": ["--opd-estimator", "topk", "--opd-topk", "20"],
+    "other-topk": ["--opd-estimator", "topk", "--opd-topk", "20"],  # + other: its top-20 mapped by text
 }
 
 
-DEFAULT_ARMS = ("same-full", "same-sampled-fkl", "other-sampled-fkl")
+DEFAULT_ARMS = ("same-full", "same-sampled-fkl", "other-sampled-fkl", "same-topk", "other-topk")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -182,11 +190,13 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 "curve": heldout_curve(d), "s_per_step": statistics.fmean(r["step_s"] for r in rows),
                 "teacher_score_s": statistics.fmean(r.get("teacher/score_s", 0.0) for r in rows),
                 "chunks_per_action": statistics.fmean(r.get("teacher/chunks_per_action", 1.0) for r in rows),
-                "tokens_per_action": statistics.fmean(r.get("teacher/tokens_per_action", 1.0) for r in rows)}
+                "tokens_per_action": statistics.fmean(r.get("teacher/tokens_per_action", 1.0) for r in rows),
+                "supervised_share": statistics.fmean(r.get("teacher/supervised_share", 1.0) for r in rows)}
     table = {arm: {k: mean_sd([r[k] for r in per.values()]) for k in ("before", "after", "s_per_step")}
              | {"teacher": per[next(iter(per))]["teacher"],
                 "chunks_per_action": statistics.fmean(r["chunks_per_action"] for r in per.values()),
-                "tokens_per_action": statistics.fmean(r["tokens_per_action"] for r in per.values())}
+                "tokens_per_action": statistics.fmean(r["tokens_per_action"] for r in per.values()),
+                "supervised_share": statistics.fmean(r.get("supervised_share", 1.0) for r in per.values())}
              for arm, per in runs.items()}
     results = {"seeds": args.seed_list, "eval_episodes": args.eval_episodes, "eval_every": args.eval_every,
                "steps": args.steps, "student": args.student, "lr": args.lr, "smoke": args.smoke, "table": table, "runs": runs,
@@ -194,13 +204,13 @@ def report(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [f"Held-out F1 ({args.eval_episodes} test episodes, greedy), mean +- sd over the seeds each arm ran "
              f"(of {args.seed_list}).", "",
-             "| arm | seeds | teacher F1 | F1 before | F1 after | s / step | teacher tokens / action | chunks / action |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| arm | seeds | teacher F1 | F1 before | F1 after | s / step | teacher tokens / action | chunks / action "
+             "| actions supervised |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, t in table.items():
         teacher = "-" if t["teacher"] is None else f"{t['teacher']:.3f}"  # a served teacher is not evaluated
         lines.append(f"| {arm} | {t['after']['n']} | {teacher} | {t['before']['mean']:.3f} | {t['after']['mean']:.3f} +- "
                      f"{t['after']['sd']:.3f} | {t['s_per_step']['mean']:.2f} | {t['tokens_per_action']:.2f} | "
-                     f"{t['chunks_per_action']:.2f} |")
+                     f"{t['chunks_per_action']:.2f} | {t['supervised_share']:.3f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     plot(runs, out / "curves.png")
     return results

@@ -77,6 +77,7 @@ class TeacherScores:
     states: ActionStates | None = None
     top: TopK | None = None
     sampled: torch.Tensor | None = None  # [N]
+    supervised: torch.Tensor | None = None  # [N] bool: the actions it has a target for (None: every one)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -175,13 +176,15 @@ def teacher_token_logprobs(logp_t: torch.Tensor, targets: torch.Tensor) -> torch
 
 
 def teacher_targets(teacher: ActionStates, targets: torch.Tensor, estimator: str, k: int,
-                    chunk_size: int = 1024) -> TopK | torch.Tensor:
+                    chunk_size: int = 1024, allowed: torch.Tensor | None = None) -> TopK | torch.Tensor:
     """What an estimator reads of a local teacher, from its states at the N actions (no grad):
-    its top-k (:class:`TopK`) or its log-probs of the sampled tokens ([N])."""
+    its top-k (:class:`TopK`) or its log-probs of the sampled tokens ([N]). ``allowed`` ([V]
+    bool): the top-k only among these tokens (their log-probs unchanged: the rest is the tail)."""
     def fn(h: torch.Tensor, temp: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logp_t = F.log_softmax(teacher.logits(h, temp), dim=-1)
         if estimator == "topk":
-            top = teacher_topk(logp_t, k)
+            top = teacher_topk(logp_t if allowed is None else logp_t.masked_fill(~allowed.to(logp_t.device),
+                                                                                   float("-inf")), k)
             return top.ids, top.logp
         return (teacher_token_logprobs(logp_t, y),)
 

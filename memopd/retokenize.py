@@ -39,9 +39,28 @@ Bias, and what happens at span boundaries:
   boundary, so the chunk around a changed character grows to the nearest ends both still share.
   Such calls are counted (``teacher/text_mismatch_calls``).
 - The prompt is the student's text in the teacher's tokens: a teacher of another chat template
-  sees the student's template markers as text. For the distributions over the vocabulary
-  (``--opd-estimator full`` or ``topk``) there is no token-for-token map between two
-  vocabularies; this path gives the sampled estimator.
+  sees the student's template markers as text.
+
+4. **The top-k** (``--opd-estimator topk``; the full vocabulary has no token-for-token map).
+   Two tokens of the two vocabularies are *the same* when they decode to the same text
+   (:func:`vocab_map`: a teacher token whose text no other teacher token has, onto the student's
+   token of that text; identical tokenizers: the identity). A student token alone in its chunk
+   starts where the teacher's first token of the chunk starts, so the teacher's state there is the
+   student's text exactly; its buckets there (:func:`supervised_chunks` names the positions) are:
+
+   - one teacher token in the chunk (the student's token is the teacher's, text for text): the
+     teacher's ``k`` most likely tokens that have a student twin, and the tail;
+   - several (``u1 .. um``, the teacher writes the student's token ``a`` in pieces): the bucket
+     ``a``, with the teacher's probability of ``a``'s text (the chunk's, ``t(u1) t(u2 | u1)
+     ...``); the ``k - 1`` most likely mapped tokens but ``a`` (``u1``'s twin with the chunk's
+     probability taken off: that part of ``u1`` is the bucket ``a``); and the tail.
+
+   The teacher's mass on tokens with no student twin is in the tail. Bias, besides the top-k's
+   (the tail bucket's lower bound): a token's event "the next token is x" is not the same event in
+   two vocabularies (a teacher that writes ``xy`` as one token has little mass on ``x``, which the
+   student's ``x`` is compared with), and a student token that shares its chunk with other student
+   tokens (the teacher's token is longer) is not supervised: only the chunk's first state is the
+   teacher's, and its probability of a text that ends inside its own token is not a token's.
 """
 
 from __future__ import annotations
@@ -179,6 +198,37 @@ def spread(teacher_logp: Sequence[float], alignment: Alignment) -> list[float]:
     return [total[c] / size[c] for c in alignment.student_chunk]
 
 
+def vocab_map(student_tok: Any, teacher_tok: Any) -> list[int]:
+    """For each teacher token id, the student's id of the token with the same text, or -1 (no
+    such student token, or a text two teacher tokens share: two teacher buckets must not merge
+    into one student token). Identical tokenizers: the identity (module rule 4)."""
+    if same_tokenizer(student_tok, teacher_tok):
+        return list(range(len(teacher_tok)))
+    student: dict[str, int] = {}
+    for i in range(len(student_tok)):
+        student.setdefault(decode(student_tok, [i]), i)
+    texts = [decode(teacher_tok, [u]) for u in range(len(teacher_tok))]
+    count: dict[str, int] = {}
+    for x in texts:
+        count[x] = count.get(x, 0) + 1
+    return [student.get(x, -1) if count[x] == 1 and "\ufffd" not in x else -1 for x in texts]
+
+
+def supervised_chunks(alignment: Alignment) -> list[tuple[int, int] | None]:
+    """Per student token of a response: ``(first, m)``, the index of the first teacher token of
+    its chunk and the chunk's number of teacher tokens, when the student token is alone in its
+    chunk and the chunk has a teacher token; else None (module rule 4)."""
+    n_student = [0] * alignment.num_chunks
+    for c in alignment.student_chunk:
+        n_student[c] += 1
+    first: dict[int, int] = {}
+    m = [0] * alignment.num_chunks
+    for u, c in enumerate(alignment.teacher_chunk):
+        first.setdefault(c, u)
+        m[c] += 1
+    return [(first[c], m[c]) if n_student[c] == 1 and m[c] else None for c in alignment.student_chunk]
+
+
 __all__ = ["Alignment", "TeacherView", "align", "chunk_of", "decode", "encode", "identity_view", "map_offsets",
-           "same_tokenizer", "spread",
-           "token_ends", "view_call", "view_episodes"]
+           "same_tokenizer", "spread", "supervised_chunks", "token_ends", "view_call", "view_episodes",
+           "vocab_map"]

@@ -21,20 +21,22 @@ What a score holds is :class:`TeacherScores`: whichever of these the teacher has
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from agents.records import ROLES, Episode
 from memopd import distributed
 from memopd.config import ConfigError
-from memopd.estimators import TeacherScores, teacher_targets
+from memopd.estimators import TAIL_FLOOR, TeacherScores, TopK, teacher_targets
 from memopd.learn.models import default_teacher_dir, ensure_teacher, pad_id
 from memopd.packing import PackedBatch, fitting_budget, pack_episodes
-from memopd.retokenize import same_tokenizer, spread, view_episodes
+from memopd.retokenize import same_tokenizer, spread, supervised_chunks, view_episodes, vocab_map
 from memopd.scoring import ActionStates, action_states, row_grouped_states
 
 
@@ -79,12 +81,20 @@ class CrossTokenizerTeacher(LocalTeacher):
     scored in the teacher's own tokens (:mod:`memopd.retokenize`: the record's text re-encoded,
     cut at the same prefix; the response's chunks, the spans both tokenizations end on), and
     the teacher's log-prob of each chunk is shared among the student tokens of the chunk. What it
-    returns is the sampled estimator's input (``TeacherScores.sampled``), in the student batch's
-    action order."""
+    returns, in the student batch's action order, is the sampled estimator's input
+    (``TeacherScores.sampled``) and, with ``k`` > 0, the top-k estimator's: the teacher's ``k``
+    most likely tokens that have a student twin of the same text, in student ids, at each student
+    token alone in its chunk (``TeacherScores.supervised``; retokenize's rule 4)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, student_tokenizer: Any, **kwargs: Any):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, student_tokenizer: Any, k: int = 0, **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         self.student_tokenizer = student_tokenizer
+        self.k = k
+        if k > 0:
+            twin = torch.tensor(vocab_map(student_tokenizer, tokenizer), dtype=torch.long)
+            vocab = model.get_output_embeddings().weight.shape[0]  # the head may be padded past the tokenizer
+            self.twin = torch.cat([twin, twin.new_full((max(0, vocab - len(twin)),), -1)])[:vocab]
+            self.k = min(k, int((self.twin >= 0).sum()))
 
     @torch.no_grad()
     def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
@@ -94,19 +104,71 @@ class CrossTokenizerTeacher(LocalTeacher):
         t_eps = [replace(ep, invocations=[v.invocation for v in vs]) for ep, vs in zip(episodes, views)]
         t_batch = pack_episodes(t_eps, fitting_budget(t_eps, self.context, self.pack_tokens), mode=self.context,
                                 teacher_roles=self.roles, pad_token_id=pad_id(self.tokenizer))
-        t_lp = teacher_targets(self.action_states(t_batch), t_batch.action_ids, "sampled", 0)
+        states = self.action_states(t_batch)
+        t_lp = teacher_targets(states, t_batch.action_ids, "sampled", 0)
         per_call: dict[tuple[int, int], list[float]] = {}
-        for (e, i, j), lp in zip(t_batch.token_map.tolist(), t_lp.tolist()):
+        row: dict[tuple[int, int, int], int] = {}  # (episode, call, teacher token) -> its action in t_batch
+        for n, ((e, i, j), lp) in enumerate(zip(t_batch.token_map.tolist(), t_lp.tolist())):
             per_call.setdefault((e, i), [0.0] * len(t_eps[e].invocations[i].response_ids))[j] = lp
+            row[(e, i, j)] = n
         shares = {key: spread(lps, views[key[0]][key[1]].alignment) for key, lps in per_call.items()}
         sampled = torch.tensor([shares[(e, i)][j] for e, i, j in batch.token_map.tolist()], dtype=torch.float32)
         aligned = [v.alignment for vs in views for v in vs]
-        metrics = {"teacher/score_s": time.perf_counter() - t0,
+        metrics = {"teacher/score_s": 0.0,
                    "teacher/tokens_per_action": t_batch.num_actions / max(1, batch.num_actions),
                    "teacher/chunks_per_action": sum(a.num_chunks for a in aligned) / max(
                        1, sum(len(a.student_chunk) for a in aligned)),
                    "teacher/text_mismatch_calls": float(sum(not a.text_match for a in aligned))}
-        return TeacherScores(sampled=sampled, metrics=metrics)
+        scores = TeacherScores(sampled=sampled, metrics=metrics)
+        if self.k > 0:
+            allowed = self.twin >= 0
+            top = teacher_targets(states, t_batch.action_ids, "topk", self.k, allowed=allowed[:states.vocab_size]
+                                  if states.vocab_size else allowed)
+            scores.top, scores.supervised = self._student_topk(batch, views, row, top, per_call)
+            metrics["teacher/supervised_share"] = float(scores.supervised.float().mean()) if batch.num_actions else 0.0
+        metrics["teacher/score_s"] = time.perf_counter() - t0
+        return scores
+
+    def _student_topk(self, batch: PackedBatch, views: Sequence[Sequence[Any]], row: dict[tuple[int, int, int], int],
+                      top: TopK, per_call: dict[tuple[int, int], list[float]]) -> tuple[TopK, torch.Tensor]:
+        """The teacher's top-k at each student action in student ids, and which actions have one
+        (retokenize's rule 4): where the teacher writes the student's token in pieces, the bucket
+        of that token first, with the chunk's log-prob, then the k - 1 others."""
+        k, n_actions = self.k, batch.num_actions
+        ids = torch.arange(k).repeat(n_actions, 1)  # unsupervised rows: weight 0, kept finite
+        logp = torch.full((n_actions, k), -math.log(k + 1))
+        supervised = torch.zeros(n_actions, dtype=torch.bool)
+        t_ids, t_logp = self.twin[top.ids], top.logp
+        whole: list[tuple[int, int]] = []  # (student action, teacher action): the teacher's token is the student's
+        chunks: dict[tuple[int, int], list[tuple[int, int] | None]] = {}
+        for n, (e, i, j) in enumerate(batch.token_map.tolist()):
+            where = chunks.setdefault((e, i), supervised_chunks(views[e][i].alignment))[j]
+            if where is None:
+                continue
+            first, m = where
+            r = row[(e, i, first)]
+            supervised[n] = True
+            if m == 1:
+                whole.append((n, r))
+                continue
+            a = int(batch.action_ids[n])
+            chunk_lp = sum(per_call[(e, i)][first:first + m])
+            u1_twin = int(self.twin[views[e][i].invocation.response_ids[first]])
+            mass_a, rest = chunk_lp, []
+            for sid, lp in zip(t_ids[r].tolist(), t_logp[r].tolist()):
+                if sid == a:  # the teacher also has a's text as one token: one bucket
+                    mass_a = float(np.logaddexp(mass_a, lp))
+                    continue
+                if sid == u1_twin:  # the part of u1 that goes on to write a is the bucket a
+                    lp = math.log(max(math.exp(lp) - math.exp(chunk_lp), TAIL_FLOOR))
+                rest.append((sid, lp))
+            rest = rest[:k - 1]
+            ids[n] = torch.tensor([a] + [sid for sid, _ in rest])
+            logp[n] = torch.tensor([mass_a] + [lp for _, lp in rest])
+        if whole:
+            dst, src = torch.tensor(whole).T
+            ids[dst], logp[dst] = t_ids[src], t_logp[src]
+        return TopK(ids, logp), supervised
 
 
 class ShardedTeacher(Teacher):
@@ -167,26 +229,29 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
         check_other_tokenizer(cfg, tokenizer, student_tokenizer, world)
         log(f"teacher: another tokenizer ({len(tokenizer)} tokens, the student's {len(student_tokenizer)}): each call "
             "is re-encoded in the teacher's tokens and its log-probs shared back over text spans")
-        return CrossTokenizerTeacher(model, tokenizer, student_tokenizer, **kw)
+        k = cfg.opd_topk if cfg.opd_estimator == "topk" else 0
+        return CrossTokenizerTeacher(model, tokenizer, student_tokenizer, k=k, **kw)
     if world.enabled and cfg.teacher_parallel == "fsdp":
         return ShardedTeacher(model, tokenizer, world=world, device=cfg.device, **kw)
     return LocalTeacher(model, tokenizer, **kw)
 
 
 def check_other_tokenizer(cfg: Any, tokenizer: Any, student_tokenizer: Any, world: distributed.World) -> None:
-    """What a teacher with another tokenizer can do: the sampled estimator (two vocabularies have
-    no token-for-token map for a distribution), in one process or replicated, without Prune-OPD
-    (which compares the two distributions at every token)."""
+    """What a teacher with another tokenizer can do: the sampled and the top-k estimators (two
+    vocabularies have no token-for-token map for a whole distribution; the top-k maps tokens of
+    the same text), in one process or replicated, without Prune-OPD (which compares the two
+    distributions at every token)."""
     from agents.models import check_same_vocab
 
     try:
         check_same_vocab(tokenizer, student_tokenizer)
     except ValueError as exc:
         what = str(exc).split(". They must")[0]
-    if cfg.opd_estimator != "sampled":
+    if cfg.opd_estimator == "full":
         raise ConfigError(f"--teacher {cfg.teacher}: {what}. A teacher with another tokenizer gives the log-prob "
-                          "of the student's text, not a distribution over the student's vocabulary: pass "
-                          "--opd-estimator sampled, or use a teacher with the student's tokenizer")
+                          "of the student's text and its top-k over the tokens both vocabularies have, not a "
+                          "distribution over the student's whole vocabulary: pass --opd-estimator topk or sampled, "
+                          "or use a teacher with the student's tokenizer")
     if cfg.teacher_context != "aligned":
         raise ConfigError(f"--teacher {cfg.teacher}: {what}. The persistent control flattens each episode by the "
                           "record's spans, which name student tokens; a teacher with another tokenizer scores in "

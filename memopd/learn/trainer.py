@@ -194,7 +194,8 @@ class Trainer:
         with phase("prepare"):  # the old log-probs' pass where one is needed, the teacher's kept distribution
             inputs = self.updater.prepare(batch, scores, any(p.needs_trainer_logprobs for p in self.plugins))
         with phase("weigh"):
-            weights, plugin_stats = self.weigh(inputs, local, adv.weights, scored=scores is not None)
+            weights, plugin_stats = self.weigh(inputs, local, adv.weights, scored=scores is not None,
+                                               supervised=scores.supervised if scores is not None else None)
         if scores is not None:
             plugin_stats.update(scores.metrics)
         with phase("update"):  # forward + backward of every epoch and minibatch, and the optimizer steps
@@ -214,12 +215,14 @@ class Trainer:
         """The actor's episodes of this step (every rank's), without any plugin's rollout changes."""
         return self.actor.rollout(self.step).episodes
 
-    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], ppo_weights: torch.Tensor, scored: bool = True
-              ) -> tuple[LossWeights, dict[str, float]]:
-        """The loss weights of the step: the trajectory weights and the teacher mask, then every
-        plugin's changes in order; and the plugins' metrics."""
+    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], ppo_weights: torch.Tensor, scored: bool = True,
+              supervised: torch.Tensor | None = None) -> tuple[LossWeights, dict[str, float]]:
+        """The loss weights of the step: the trajectory weights and the teacher mask (less the
+        actions the teacher has no target for, ``supervised``), then every plugin's changes in
+        order; and the plugins' metrics."""
         batch = inputs.batch
-        weights = LossWeights(ppo_weights, batch.teacher.float())
+        opd = batch.teacher.float() if supervised is None else batch.teacher.float() * supervised.float()
+        weights = LossWeights(ppo_weights, opd)
         lags = torch.tensor([float(self.step - max((i.policy_version for i in e.invocations), default=self.step))
                              for e in local])  # policy versions between each sample's and the one trained
         ctx = WeighContext(self.step, self._progress(), batch, local, lags, self.world, inputs.minibatches,
