@@ -59,13 +59,37 @@ TAIL_FLOOR = 1e-12
 
 @dataclass
 class TopK:
-    """The teacher's k most likely tokens at each of N actions and their log-probs, [N, k] each."""
+    """The teacher's k most likely tokens at each of N actions and their log-probs, [N, k] each.
+
+    ``project`` ([V_student] long, a teacher with another tokenizer): the teacher token each
+    student token's text starts with (-1: none); ``ids`` are then teacher ids, and the student's
+    distribution is summed onto the teacher's tokens through it before the buckets are taken
+    (:func:`project_student`). None: both are in the student's ids."""
 
     ids: torch.Tensor
     logp: torch.Tensor
+    project: torch.Tensor | None = None
 
     def select(self, index: torch.Tensor) -> TopK:
-        return TopK(self.ids[index], self.logp[index])
+        return TopK(self.ids[index], self.logp[index], self.project)
+
+
+PROJECT_FLOOR = 1e-30
+"""The least mass of a teacher token in the student's projected distribution (an empty bucket's
+log would be -inf, and its gradient NaN)."""
+
+
+def project_student(logp_s: torch.Tensor, project: torch.Tensor, width: int) -> torch.Tensor:
+    """[n, width + 1] the student's log-distribution [n, V_s] summed onto the teacher's ``width``
+    tokens: the mass of teacher token ``u`` is that of every student token ``v`` with
+    ``project[v] == u``; the last column holds the student tokens with none (``-1``), which are in
+    no teacher token's bucket (the top-k's tail has them)."""
+    v = logp_s.shape[-1]  # a head padded past the tokenizer: its extra columns have no teacher token
+    index = torch.full((v,), width, dtype=torch.long, device=logp_s.device)
+    index[: min(v, len(project))] = project[:v].to(logp_s.device)
+    index = torch.where(index >= 0, index, width)
+    out = logp_s.new_zeros(logp_s.shape[0], width + 1).index_add_(1, index, logp_s.exp())
+    return out.clamp_min(PROJECT_FLOOR).log()
 
 
 @dataclass
@@ -102,7 +126,11 @@ def bucket_divergence(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str = "r
 
 def topk_buckets(logp_s: torch.Tensor, top: TopK) -> tuple[torch.Tensor, torch.Tensor]:
     """The student's and the teacher's log-masses on the teacher's top-k tokens plus the tail
-    bucket, [n, k + 1] each (no tail bucket when k covers the vocabulary)."""
+    bucket, [n, k + 1] each (no tail bucket when k covers the vocabulary). With ``top.project``,
+    the student's distribution is first summed onto the teacher's tokens."""
+    if top.project is not None:
+        width = max(int(top.project.max()), int(top.ids.max()) if top.ids.numel() else 0) + 1
+        logp_s = project_student(logp_s, top.project, width)
     s_top = logp_s.gather(-1, top.ids)
     t_top = top.logp.to(logp_s)
     if top.ids.shape[-1] >= logp_s.shape[-1]:
@@ -205,8 +233,8 @@ def student_terms_topk(student: ActionStates, targets: torch.Tensor, top: TopK, 
     def fn(h: torch.Tensor, temp: torch.Tensor, y: torch.Tensor, ids: torch.Tensor,
            t_lp: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
-        return (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1),
-                topk_divergence(logp_s, TopK(ids, t_lp), kind))
+        s_b, t_b = topk_buckets(logp_s, TopK(ids, t_lp, top.project))
+        return (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1), bucket_divergence(s_b, t_b, kind))
 
     dev = student.hidden.device
     parts = map_chunks(fn, (student.hidden, student.temperatures, targets.to(dev), top.ids.to(dev), top.logp.to(dev)),
@@ -215,6 +243,6 @@ def student_terms_topk(student: ActionStates, targets: torch.Tensor, top: TopK, 
     return tuple(torch.cat([p[i] for p in parts]) if parts else empty for i in range(3))  # type: ignore[return-value]
 
 
-__all__ = ["ESTIMATORS", "SAMPLED_KINDS", "TAIL_FLOOR", "TeacherScores", "TopK", "bucket_divergence", "sampled_advantage",
+__all__ = ["ESTIMATORS", "PROJECT_FLOOR", "SAMPLED_KINDS", "TAIL_FLOOR", "TeacherScores", "TopK", "bucket_divergence", "sampled_advantage",
            "sampled_estimate", "sampled_loss", "student_terms_topk", "teacher_targets", "teacher_token_logprobs",
-           "teacher_topk", "topk_buckets", "topk_divergence"]
+           "project_student", "teacher_topk", "topk_buckets", "topk_divergence"]

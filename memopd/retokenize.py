@@ -41,26 +41,25 @@ Bias, and what happens at span boundaries:
 - The prompt is the student's text in the teacher's tokens: a teacher of another chat template
   sees the student's template markers as text.
 
-4. **The top-k** (``--opd-estimator topk``; the full vocabulary has no token-for-token map).
-   Two tokens of the two vocabularies are *the same* when they decode to the same text
-   (:func:`vocab_map`: a teacher token whose text no other teacher token has, onto the student's
-   token of that text; identical tokenizers: the identity). A student token alone in its chunk
-   starts where the teacher's first token of the chunk starts, so the teacher's state there is the
-   student's text exactly; its buckets there (:func:`supervised_chunks` names the positions) are:
+4. **The top-k** (``--opd-estimator topk``; two vocabularies have no token-for-token map). Each
+   student token ``v`` belongs to the teacher token its text starts with: the first of the
+   teacher's tokens of ``decode(v)`` (:func:`first_pieces`; identical tokenizers: ``v`` itself).
+   At the first student token of a chunk the teacher's state is the student's text exactly (the
+   chunk starts where both tokenizations end), so there the teacher's next-token distribution
+   over its own vocabulary is compared with the student's summed onto the teacher's tokens
+   (:func:`memopd.estimators.project_student`): the teacher's ``k`` most likely tokens and the
+   tail, the student's mass of ``" Zane"`` in the teacher's ``" Z"`` bucket. The target at a
+   state does not depend on which token the student sampled there. :func:`chunk_starts` names
+   the supervised positions and the teacher token whose state each reads.
 
-   - one teacher token in the chunk (the student's token is the teacher's, text for text): the
-     teacher's ``k`` most likely tokens that have a student twin, and the tail;
-   - several (``u1 .. um``, the teacher writes the student's token ``a`` in pieces): the bucket
-     ``a``, with the teacher's probability of ``a``'s text (the chunk's, ``t(u1) t(u2 | u1)
-     ...``); the ``k - 1`` most likely mapped tokens but ``a`` (``u1``'s twin with the chunk's
-     probability taken off: that part of ``u1`` is the bucket ``a``); and the tail.
-
-   The teacher's mass on tokens with no student twin is in the tail. Bias, besides the top-k's
-   (the tail bucket's lower bound): a token's event "the next token is x" is not the same event in
-   two vocabularies (a teacher that writes ``xy`` as one token has little mass on ``x``, which the
-   student's ``x`` is compared with), and a student token that shares its chunk with other student
-   tokens (the teacher's token is longer) is not supervised: only the chunk's first state is the
-   teacher's, and its probability of a text that ends inside its own token is not a token's.
+   Bias, besides the top-k's tail bucket (a lower bound): the buckets are events of the text's
+   beginning, "the next text starts with the teacher's token ``u``", taken under each model's own
+   tokenization of its next token. They agree where the teacher's tokens are no longer than the
+   student's; where a student token is shorter than the teacher's next token (the teacher writes
+   ``" Zane"`` whole, the student ``" Z" + "ane"``), the student's ``" Z"`` is compared with the
+   teacher's ``" Z"``, which has little mass, and the student is drawn to the teacher's longer
+   token. A student token after the first in its chunk is not supervised: the teacher's state at
+   its start would end inside one of the teacher's tokens.
 """
 
 from __future__ import annotations
@@ -198,37 +197,33 @@ def spread(teacher_logp: Sequence[float], alignment: Alignment) -> list[float]:
     return [total[c] / size[c] for c in alignment.student_chunk]
 
 
-def vocab_map(student_tok: Any, teacher_tok: Any) -> list[int]:
-    """For each teacher token id, the student's id of the token with the same text, or -1 (no
-    such student token, or a text two teacher tokens share: two teacher buckets must not merge
-    into one student token). Identical tokenizers: the identity (module rule 4)."""
+def first_pieces(student_tok: Any, teacher_tok: Any) -> list[int]:
+    """For each student token id, the teacher's first token of its text (``encode(teacher,
+    decode(student, [v]))[0]``), or -1 (an empty text, or a byte-level token holding part of a
+    character). Identical tokenizers: the identity (module rule 4)."""
     if same_tokenizer(student_tok, teacher_tok):
-        return list(range(len(teacher_tok)))
-    student: dict[str, int] = {}
-    for i in range(len(student_tok)):
-        student.setdefault(decode(student_tok, [i]), i)
-    texts = [decode(teacher_tok, [u]) for u in range(len(teacher_tok))]
-    count: dict[str, int] = {}
-    for x in texts:
-        count[x] = count.get(x, 0) + 1
-    return [student.get(x, -1) if count[x] == 1 and "\ufffd" not in x else -1 for x in texts]
+        return list(range(len(student_tok)))
+    out = []
+    for v in range(len(student_tok)):
+        text = decode(student_tok, [v])
+        ids = encode(teacher_tok, text) if "\ufffd" not in text else []
+        out.append(ids[0] if ids else -1)
+    return out
 
 
-def supervised_chunks(alignment: Alignment) -> list[tuple[int, int] | None]:
-    """Per student token of a response: ``(first, m)``, the index of the first teacher token of
-    its chunk and the chunk's number of teacher tokens, when the student token is alone in its
-    chunk and the chunk has a teacher token; else None (module rule 4)."""
-    n_student = [0] * alignment.num_chunks
-    for c in alignment.student_chunk:
-        n_student[c] += 1
+def chunk_starts(alignment: Alignment) -> list[int | None]:
+    """Per student token of a response: the index of the first teacher token of its chunk when
+    the student token is the first of its chunk and the chunk has a teacher token, else None
+    (module rule 4)."""
     first: dict[int, int] = {}
-    m = [0] * alignment.num_chunks
     for u, c in enumerate(alignment.teacher_chunk):
         first.setdefault(c, u)
-        m[c] += 1
-    return [(first[c], m[c]) if n_student[c] == 1 and m[c] else None for c in alignment.student_chunk]
+    out: list[int | None] = []
+    for j, c in enumerate(alignment.student_chunk):
+        out.append(first.get(c) if j == 0 or alignment.student_chunk[j - 1] != c else None)
+    return out
 
 
 __all__ = ["Alignment", "TeacherView", "align", "chunk_of", "decode", "encode", "identity_view", "map_offsets",
-           "same_tokenizer", "spread", "supervised_chunks", "token_ends", "view_call", "view_episodes",
-           "vocab_map"]
+           "chunk_starts", "first_pieces", "same_tokenizer", "spread", "token_ends", "view_call",
+           "view_episodes"]

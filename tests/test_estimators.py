@@ -208,3 +208,25 @@ def test_the_sampled_estimator_refuses_the_jsd(tmp_path, capsys):
     argv = FAST + ["--run-dir", str(tmp_path / "r"), "--opd-estimator", "sampled", "--opd-divergence", "jsd"]
     assert train.main(argv) == 2
     assert "error: --opd-estimator sampled estimates the reverse or the forward KL" in capsys.readouterr().err
+
+
+def test_topk_with_a_projection_by_hand():
+    """A teacher with another tokenizer: student tokens 0 and 1 belong to teacher token 0, student
+    token 2 to teacher token 1, student token 3 to none. Student p = (0.1, 0.2, 0.3, 0.4) sums to
+    (0.3, 0.3, 0) on the teacher's three tokens; the teacher's top-2 are tokens 0 and 2 at 0.5 and
+    0.2. Buckets: student (0.3, ~0, 0.7), teacher (0.5, 0.2, 0.3)."""
+    from memopd.estimators import PROJECT_FLOOR, TopK, bucket_divergence, topk_buckets
+
+    logp_s = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log().requires_grad_(True)
+    top = TopK(torch.tensor([[0, 2]]), torch.tensor([[0.5, 0.2]]).log(), project=torch.tensor([0, 0, 1, -1]))
+    s_b, t_b = topk_buckets(logp_s, top)
+    assert s_b.exp().tolist()[0] == pytest.approx([0.3, PROJECT_FLOOR, 0.7], abs=1e-6)
+    assert t_b.exp().tolist()[0] == pytest.approx([0.5, 0.2, 0.3], abs=1e-6)
+    rkl = bucket_divergence(s_b, t_b, "rkl")
+    want = 0.3 * math.log(0.3 / 0.5) + 0.7 * math.log(0.7 / 0.3)
+    assert rkl.item() == pytest.approx(want, abs=1e-5)
+    fkl = bucket_divergence(s_b, t_b, "fkl")
+    assert fkl.item() == pytest.approx(0.5 * math.log(0.5 / 0.3) + 0.2 * math.log(0.2 / PROJECT_FLOOR)
+                                       + 0.3 * math.log(0.3 / 0.7), rel=1e-4)
+    rkl.backward()
+    assert torch.isfinite(logp_s.grad).all()

@@ -194,35 +194,30 @@ def test_another_tokenizer_against_a_plain_forward_of_each_call(cache, step):
         assert total == pytest.approx(ref, abs=1e-4), (e, i)
 
 
-def test_vocab_map_by_text(toks):
-    """Teacher tokens map onto student tokens of the same text: ' Z' and 'ane' (both in the
-    student's vocabulary), not the student's ' Zane' (no teacher token has its text); the
-    identity for identical tokenizers."""
-    from memopd.retokenize import vocab_map
+def test_first_pieces_by_hand(toks):
+    """Each student token belongs to the teacher's first token of its text: ' Zane' to ' Z',
+    ' works' to ' works'; the identity for identical tokenizers."""
+    from memopd.retokenize import first_pieces
 
     s, t = toks
-    twin = vocab_map(s, t)
-    assert len(twin) == len(t)
-    for piece in ["ĠZ", "ane", "Ġworks", "<|im_end|>"]:
-        assert twin[t.convert_tokens_to_ids(piece)] == s.convert_tokens_to_ids(piece)
-    assert s.convert_tokens_to_ids("ĠZane") not in twin
-    mapped = [u for u, v in enumerate(twin) if v >= 0]
-    assert all(decode(t, [u]) == decode(s, [twin[u]]) for u in mapped)
-    assert len({twin[u] for u in mapped}) == len(mapped)  # one-to-one
-    assert vocab_map(s, s) == list(range(len(s)))
+    fp = first_pieces(s, t)
+    assert len(fp) == len(s)
+    for student, teacher in [("ĠZane", "ĠZ"), ("Ġworks", "Ġworks"), ("<|im_end|>", "<|im_end|>")]:
+        assert fp[s.convert_tokens_to_ids(student)] == t.convert_tokens_to_ids(teacher)
+    assert first_pieces(s, s) == list(range(len(s)))
 
 
-def test_supervised_chunks_by_hand(toks):
-    """' Zane works' (student ' Zane|works', teacher ' Z|ane|works'): both student tokens are alone
-    in their chunk, ' Zane' over the teacher's tokens 0-1, ' works' over its token 2; the roles
-    swapped, the two student pieces of ' Zane' share a chunk and are not supervised."""
-    from memopd.retokenize import supervised_chunks
+def test_chunk_starts_by_hand(toks):
+    """' Zane works' (student ' Zane|works', teacher ' Z|ane|works'): both student tokens start a
+    chunk, ' Zane' reads the teacher's state before ' Z' (0), ' works' before its ' works' (2);
+    the roles swapped, the second piece of ' Z|ane' is inside the teacher's ' Zane'."""
+    from memopd.retokenize import chunk_starts
 
     s, t = toks
     a = align(ids(s, ["ĠZane", "Ġworks"]), ids(t, ["ĠZ", "ane", "Ġworks"]), s, t)
-    assert supervised_chunks(a) == [(0, 2), (2, 1)]
+    assert chunk_starts(a) == [0, 2]
     b = align(ids(t, ["ĠZ", "ane", "Ġworks"]), ids(s, ["ĠZane", "Ġworks"]), t, s)
-    assert supervised_chunks(b) == [None, None, (1, 1)]
+    assert chunk_starts(b) == [0, None, 1]
 
 
 def test_identical_tokenizers_topk_equals_the_same_tokenizer_path_exactly(cache, step):
@@ -234,60 +229,44 @@ def test_identical_tokenizers_topk_equals_the_same_tokenizer_path_exactly(cache,
     local = LocalTeacher(teacher, t_tok, pack_tokens=1024).score(eps, batch)
     want = teacher_targets(local.states, batch.action_ids, "topk", 8)
     got = CrossTokenizerTeacher(teacher, t_tok, tok, k=8, pack_tokens=1024).score(eps, batch)
-    assert torch.equal(got.top.ids, want.ids) and torch.equal(got.top.logp, want.logp)
+    assert torch.equal(got.top.ids, want.ids) and torch.equal(got.top.logp, want.logp) and got.top.project is None
     assert bool(got.supervised.all()) and got.metrics["teacher/supervised_share"] == 1.0
 
 
 def test_another_tokenizer_topk_against_a_plain_forward_of_each_call(cache, step):
-    """Every supervised action's buckets, recomputed here from one plain forward of the teacher
-    over the view's tokens and a vocabulary map by decoded text built here: where the chunk is one
-    teacher token, the teacher's k most likely tokens with a student twin; where it is several
-    (u1 .. um), the student's token with the chunk's log-prob, then the k - 1 others, u1's twin
-    less the chunk's probability. Unsupervised actions are exactly those that share their chunk."""
-    from memopd.estimators import TAIL_FLOOR
+    """Every action's top-k, recomputed here from one plain forward of the teacher over the view's
+    tokens: at the first student token of a chunk, the teacher's k most likely tokens in the state
+    before the chunk's first teacher token; the student-to-teacher map against one built here from
+    the two tokenizers' own calls; the supervised actions exactly those that start a chunk."""
     from memopd.learn.teacher import CrossTokenizerTeacher
 
     eps, batch, tok = step
     teacher, t_tok = models.load("tiny-teacher-bpe1k", cache_dir=cache)
     k = 5
     got = CrossTokenizerTeacher(teacher, t_tok, tok, k=k, pack_tokens=1024).score(eps, batch)
-    s_text = {}
     for v in range(len(tok)):
-        s_text.setdefault(tok.decode([v]), v)
-    t_texts = [t_tok.decode([u]) for u in range(len(t_tok))]
-    twin = {u: s_text[x] for u, x in enumerate(t_texts) if x in s_text and t_texts.count(x) == 1
-            and "\ufffd" not in x}
+        text = tok.decode([v])
+        want = t_tok(text, add_special_tokens=False)["input_ids"][:1] if "\ufffd" not in text else []
+        assert int(got.top.project[v]) == (want[0] if want else -1), v
     views = view_episodes(eps, tok, t_tok)
-    split = 0
+    inside = 0
     for n, (e, i, j) in enumerate(batch.token_map.tolist()):
-        view = views[e][i]
-        al = view.alignment
+        al = views[e][i].alignment
         c = al.student_chunk[j]
         pieces = [u for u, cu in enumerate(al.teacher_chunk) if cu == c]
-        alone = al.student_chunk.count(c) == 1 and pieces
-        assert bool(got.supervised[n]) == bool(alone), (e, i, j)
-        if not alone:
+        starts = (j == 0 or al.student_chunk[j - 1] != c) and bool(pieces)
+        assert bool(got.supervised[n]) == starts, (e, i, j)
+        if not starts:
+            inside += 1
             continue
-        inv = view.invocation
+        inv = views[e][i].invocation
         with torch.no_grad():
             logits = teacher(input_ids=torch.tensor([inv.input_ids]), use_cache=False).logits[0].float()
-        logp = torch.log_softmax(logits / inv.sampling.get("temperature", 1.0), -1)[inv.prompt_len - 1:]
-        row = logp[pieces[0]]
-        ranked = [u for u in row.argsort(descending=True).tolist() if u in twin]
-        ids_got, lp_got = got.top.ids[n].tolist(), got.top.logp[n].tolist()
-        if len(pieces) == 1:
-            assert ids_got == [twin[u] for u in ranked[:k]]
-            assert lp_got == pytest.approx([row[u].item() for u in ranked[:k]], abs=1e-4)
-            continue
-        split += 1
-        a = int(batch.action_ids[n])
-        chunk = sum(logp[p, inv.response_ids[p]].item() for p in pieces)
-        others = [u for u in ranked if twin[u] != a][:k - 1]
-        assert ids_got == [a] + [twin[u] for u in others]
-        want = [chunk] + [math.log(max(math.exp(row[u].item()) - math.exp(chunk), TAIL_FLOOR))
-                          if u == inv.response_ids[pieces[0]] else row[u].item() for u in others]
-        assert lp_got == pytest.approx(want, abs=1e-4)
-    assert split > 0  # the teacher wrote some student token in pieces
+        logp = torch.log_softmax(logits / inv.sampling.get("temperature", 1.0), -1)[inv.prompt_len - 1 + pieces[0]]
+        vals, top = logp.topk(k)
+        assert got.top.ids[n].tolist() == top.tolist()
+        assert got.top.logp[n].tolist() == pytest.approx(vals.tolist(), abs=1e-4)
+    assert got.metrics["teacher/supervised_share"] == pytest.approx(1 - inside / batch.num_actions)
 
 
 FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size",

@@ -21,22 +21,20 @@ What a score holds is :class:`TeacherScores`: whichever of these the teacher has
 
 from __future__ import annotations
 
-import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 
 from agents.records import ROLES, Episode
 from memopd import distributed
 from memopd.config import ConfigError
-from memopd.estimators import TAIL_FLOOR, TeacherScores, TopK, teacher_targets
+from memopd.estimators import TeacherScores, TopK, teacher_targets
 from memopd.learn.models import default_teacher_dir, ensure_teacher, pad_id
 from memopd.packing import PackedBatch, fitting_budget, pack_episodes
-from memopd.retokenize import same_tokenizer, spread, supervised_chunks, view_episodes, vocab_map
+from memopd.retokenize import chunk_starts, first_pieces, same_tokenizer, spread, view_episodes
 from memopd.scoring import ActionStates, action_states, row_grouped_states
 
 
@@ -83,18 +81,16 @@ class CrossTokenizerTeacher(LocalTeacher):
     the teacher's log-prob of each chunk is shared among the student tokens of the chunk. What it
     returns, in the student batch's action order, is the sampled estimator's input
     (``TeacherScores.sampled``) and, with ``k`` > 0, the top-k estimator's: the teacher's ``k``
-    most likely tokens that have a student twin of the same text, in student ids, at each student
-    token alone in its chunk (``TeacherScores.supervised``; retokenize's rule 4)."""
+    most likely tokens in its own ids at the first student token of each chunk
+    (``TeacherScores.supervised``), with the map that sums the student's distribution onto them
+    (``TopK.project``; retokenize's rule 4)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, student_tokenizer: Any, k: int = 0, **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         self.student_tokenizer = student_tokenizer
         self.k = k
-        if k > 0:
-            twin = torch.tensor(vocab_map(student_tokenizer, tokenizer), dtype=torch.long)
-            vocab = model.get_output_embeddings().weight.shape[0]  # the head may be padded past the tokenizer
-            self.twin = torch.cat([twin, twin.new_full((max(0, vocab - len(twin)),), -1)])[:vocab]
-            self.k = min(k, int((self.twin >= 0).sum()))
+        self.project = torch.tensor(first_pieces(student_tokenizer, tokenizer), dtype=torch.long) if k > 0 else None
+        self.identity = same_tokenizer(student_tokenizer, tokenizer)
 
     @torch.no_grad()
     def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
@@ -114,61 +110,25 @@ class CrossTokenizerTeacher(LocalTeacher):
         shares = {key: spread(lps, views[key[0]][key[1]].alignment) for key, lps in per_call.items()}
         sampled = torch.tensor([shares[(e, i)][j] for e, i, j in batch.token_map.tolist()], dtype=torch.float32)
         aligned = [v.alignment for vs in views for v in vs]
-        metrics = {"teacher/score_s": 0.0,
-                   "teacher/tokens_per_action": t_batch.num_actions / max(1, batch.num_actions),
+        metrics = {"teacher/tokens_per_action": t_batch.num_actions / max(1, batch.num_actions),
                    "teacher/chunks_per_action": sum(a.num_chunks for a in aligned) / max(
                        1, sum(len(a.student_chunk) for a in aligned)),
                    "teacher/text_mismatch_calls": float(sum(not a.text_match for a in aligned))}
         scores = TeacherScores(sampled=sampled, metrics=metrics)
         if self.k > 0:
-            allowed = self.twin >= 0
-            top = teacher_targets(states, t_batch.action_ids, "topk", self.k, allowed=allowed[:states.vocab_size]
-                                  if states.vocab_size else allowed)
-            scores.top, scores.supervised = self._student_topk(batch, views, row, top, per_call)
+            top = teacher_targets(states, t_batch.action_ids, "topk", self.k)
+            src = torch.full((batch.num_actions,), -1, dtype=torch.long)  # the teacher action whose state each reads
+            starts: dict[tuple[int, int], list[int | None]] = {}
+            for n, (e, i, j) in enumerate(batch.token_map.tolist()):
+                first = starts.setdefault((e, i), chunk_starts(views[e][i].alignment))[j]
+                if first is not None:
+                    src[n] = row[(e, i, first)]
+            scores.supervised = src >= 0
+            at = src.clamp_min(0)  # unsupervised actions: any row, weight 0
+            scores.top = TopK(top.ids[at], top.logp[at], None if self.identity else self.project)
             metrics["teacher/supervised_share"] = float(scores.supervised.float().mean()) if batch.num_actions else 0.0
         metrics["teacher/score_s"] = time.perf_counter() - t0
         return scores
-
-    def _student_topk(self, batch: PackedBatch, views: Sequence[Sequence[Any]], row: dict[tuple[int, int, int], int],
-                      top: TopK, per_call: dict[tuple[int, int], list[float]]) -> tuple[TopK, torch.Tensor]:
-        """The teacher's top-k at each student action in student ids, and which actions have one
-        (retokenize's rule 4): where the teacher writes the student's token in pieces, the bucket
-        of that token first, with the chunk's log-prob, then the k - 1 others."""
-        k, n_actions = self.k, batch.num_actions
-        ids = torch.arange(k).repeat(n_actions, 1)  # unsupervised rows: weight 0, kept finite
-        logp = torch.full((n_actions, k), -math.log(k + 1))
-        supervised = torch.zeros(n_actions, dtype=torch.bool)
-        t_ids, t_logp = self.twin[top.ids], top.logp
-        whole: list[tuple[int, int]] = []  # (student action, teacher action): the teacher's token is the student's
-        chunks: dict[tuple[int, int], list[tuple[int, int] | None]] = {}
-        for n, (e, i, j) in enumerate(batch.token_map.tolist()):
-            where = chunks.setdefault((e, i), supervised_chunks(views[e][i].alignment))[j]
-            if where is None:
-                continue
-            first, m = where
-            r = row[(e, i, first)]
-            supervised[n] = True
-            if m == 1:
-                whole.append((n, r))
-                continue
-            a = int(batch.action_ids[n])
-            chunk_lp = sum(per_call[(e, i)][first:first + m])
-            u1_twin = int(self.twin[views[e][i].invocation.response_ids[first]])
-            mass_a, rest = chunk_lp, []
-            for sid, lp in zip(t_ids[r].tolist(), t_logp[r].tolist()):
-                if sid == a:  # the teacher also has a's text as one token: one bucket
-                    mass_a = float(np.logaddexp(mass_a, lp))
-                    continue
-                if sid == u1_twin:  # the part of u1 that goes on to write a is the bucket a
-                    lp = math.log(max(math.exp(lp) - math.exp(chunk_lp), TAIL_FLOOR))
-                rest.append((sid, lp))
-            rest = rest[:k - 1]
-            ids[n] = torch.tensor([a] + [sid for sid, _ in rest])
-            logp[n] = torch.tensor([mass_a] + [lp for _, lp in rest])
-        if whole:
-            dst, src = torch.tensor(whole).T
-            ids[dst], logp[dst] = t_ids[src], t_logp[src]
-        return TopK(ids, logp), supervised
 
 
 class ShardedTeacher(Teacher):
