@@ -52,6 +52,25 @@ def test_imperfect_teacher_smoke(exp):
 
 
 @pytest.mark.slow
+def test_partial_blind_spot_smoke(exp):
+    """--blind-share 0.5: the teacher's data keeps every second blind-company trajectory of those
+    drawn, in its own teacher-blind-0.5/; the study is named imperfect-0.5; --rep-arg reaches the
+    reproduction's budget."""
+    it = load("imperfect_teacher")
+    assert it.main(["--smoke", "--exp", str(exp), "--seeds", "0", "--no-progress", "--blind-share", "0.5",
+                    "--arms", "opd-only", "--rep-arg=--group-size=3"]) == 0
+    data = [json.loads(x) for x in (exp / "teacher-blind-0.5-data" / "episodes.jsonl").read_text().splitlines()]
+    assert data  # the smoke draws too few for a blind one to reach the kept 8; keep_share is checked here
+    assert it.keep_share("abBcBBdB", str.isupper, 0.5) == list("abcBdB")  # the 2nd and 4th blind kept
+    assert it.keep_share("abBcBBdB", str.isupper, 0.0) == list("abcd")
+    assert it.keep_share("BBBBBBBBBB", str.isupper, 0.1) == ["B"]  # the 10th
+    cfg = (exp / "runs-imperfect-0.5" / "fkl" / "opd-only" / "seed-0" / "config.toml").read_text()
+    assert 'teacher-blind-0.5"' in cfg and "group_size = 3" in cfg
+    assert set(json.loads((exp / "imperfect-0.5.json").read_text())["table"]) == {"teacher (blind)", "warm student",
+                                                                                  "opd-only"}
+
+
+@pytest.mark.slow
 def test_memory_ladder_smoke(exp, capsys):
     ml = load("memory_ladder")
     assert ml.main(["--smoke", "--exp", str(exp), "--budgets", "8,16", "--seeds", "0", "--no-progress"]) == 0
