@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import sys
@@ -48,20 +47,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from imperfect_teacher import load_reproduce  # noqa: E402  (examples/ is not a package)
+
 OFFPOLICY_ARMS = ("sft-oracle", "sft-teacher")
 EPISODES_PER_STEP = 32
 """An RL step's episodes (8 questions x 4 samples): what each off-policy step trains on."""
-
-
-def load_reproduce():
-    """examples/reproduce_memopd.py as a module (examples/ is not a package)."""
-    if "reproduce_memopd" in sys.modules:
-        return sys.modules["reproduce_memopd"]
-    spec = importlib.util.spec_from_file_location("reproduce_memopd", HERE / "reproduce_memopd.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
