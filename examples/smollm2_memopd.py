@@ -22,6 +22,9 @@ earlier invocation finished it, so a killed run resumes where it stopped):
               and, when asked for (--arms ppo+memopd,ppo+memopd-lora):
                 ppo+memopd-lora  ppo+memopd training LoRA adapters (rank 16) instead of every weight
               each arm is its own `python -m memopd.train` process, resumed with --resume after a kill
+  3b. sft     the SFT-only baseline: the untouched student fine-tuned by `memopd.sft` on as many oracle
+              trajectories as an arm samples (steps x questions x samples), one step per RL step, at
+              the teacher's learning rate; its held-out F1 beside the arms'
   4. export   the trained MemOPD student by `memopd.export`, evaluated by `memopd.eval --model <export>`
   5. report   results.json / results.md (teacher F1, student F1 before / after per arm, audit,
               stage wall times) and curves.png (held-out F1 vs step and vs training wall-clock)
@@ -100,6 +103,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="run the arms side by side, one torch thread each (else one after another with --threads)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the stages run alone (on a busy "
                     "2-core machine two threads were several times slower than one)")
+    ap.add_argument("--sft-student", action=argparse.BooleanOptionalAction, default=True,
+                    help="also fine-tune the SFT-only baseline (stage 3b) and report its held-out F1")
     ap.add_argument("--summarise", default=None, metavar="SEEDS", help="only read the finished seeds' results "
                     "(comma-separated, e.g. 0,1) and write OUT/results-seeds.{json,md}: each arm's mean and spread")
     for f in dataclasses.fields(Budget):
@@ -175,6 +180,23 @@ def teacher_sft(out: Path, args: argparse.Namespace) -> Path:
            "--lr", str(b.sft_lr), "--warmup-steps", str(max(1, b.sft_steps // 10)), "--seed", "1000",
            "--threads", str(args.threads), "--no-progress"]
     check(run_cli(cmd, out / "teacher.log"), "teacher SFT", out / "teacher.log")
+    return path
+
+
+def sft_student(out: Path, args: argparse.Namespace) -> Path:
+    """The SFT-only baseline of a seed: the untouched student fine-tuned on oracle trajectories, as
+    many as an arm samples, one SFT step per RL step (each on as many trajectories as an RL step)."""
+    b, path = args.budget, out / stem("sft-student", args.seed)
+    if (path / "config.json").is_file():
+        log(f"sft-student: reusing {path}")
+        return path
+    per_step = b.questions_per_step * b.group_size
+    cmd = ["-m", "memopd.sft", "--model", args.student, "--out", str(path), *env_flags(),
+           "--num-episodes", str(b.steps * per_step), "--steps", str(b.steps), "--batch-episodes", str(per_step),
+           "--lr", str(b.sft_lr), "--warmup-steps", str(max(1, b.rl_warmup_steps)), "--seed", str(2000 + args.seed),
+           "--threads", str(args.threads), "--no-progress"]
+    check(run_cli(cmd, out / f"{stem('sft-student', args.seed)}.log"), "SFT-only student",
+          out / f"{stem('sft-student', args.seed)}.log")
     return path
 
 
@@ -351,7 +373,10 @@ def markdown(r: dict[str, Any]) -> str:
     head = (f"Student {r['student']}, teacher {r['teacher_base']} fine-tuned ({b['sft_steps']} SFT steps of "
             f"{b['sft_batch']} oracle trajectories). Held-out F1 under the memory agent, {b['eval_episodes']} test "
             f"episodes (greedy) during training, RL seed {r['seed']}.")
-    lines = [head, "", f"Teacher F1 {r['teacher']['f1']:.3f} (EM {r['teacher']['em']:.3f}).", "",
+    sft = r.get("sft_student")
+    sft_line = (f" SFT-only student (the same oracle trajectories as an arm samples): F1 {sft['f1']:.3f} (EM "
+                f"{sft['em']:.3f}).") if sft else ""
+    lines = [head, "", f"Teacher F1 {r['teacher']['f1']:.3f} (EM {r['teacher']['em']:.3f}).{sft_line}", "",
              "| arm | F1 before | F1 after | EM after | s / step | update s / step | peak RSS (MiB) | checkpoint (MiB) "
              "| max RCE in training |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, row in r["table"].items():
@@ -377,7 +402,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def report(out: Path, args: argparse.Namespace, timings: Timings, teacher: dict, audit_data: dict,
-           export: dict | None) -> dict[str, Any]:
+           export: dict | None, sft: dict | None = None) -> dict[str, Any]:
     from memopd.runlog import heldout_curve
 
     table, curves = {}, {}
@@ -388,7 +413,7 @@ def report(out: Path, args: argparse.Namespace, timings: Timings, teacher: dict,
         table[arm] = {"before": s["eval_before"], "after": s["eval_after"], "steps": s["steps"], **train_stats(run_dir)}
     results = {"env": ENV, "env_kwargs": ENV_KWARGS, "student": args.student, "teacher_base": args.teacher_base,
                "seed": args.seed, "budget": dataclasses.asdict(args.budget), "teacher": teacher, "audit": audit_data,
-               "table": table, "curves": curves, "export": export, "timings": timings.data,
+               "table": table, "curves": curves, "export": export, "sft_student": sft, "timings": timings.data,
                "parallel_arms": args.parallel_arms, "versions": versions(),
                "command": "python examples/smollm2_memopd.py " + " ".join(sys.argv[1:])}
     (out / f"{stem('results', args.seed)}.json").write_text(json.dumps(results, indent=2))
@@ -419,6 +444,9 @@ def summarise(out: Path, seeds: list[int]) -> dict[str, Any]:
                                   "each": [c["f1"] for c in curves]},
                      **{k: stat([r[k] for r in rows]) for k in ("s_per_step", "update_s_per_step", "peak_rss_mb",
                                                                    "checkpoint_bytes")}}
+    sfts = [per[s].get("sft_student") for s in seeds]
+    if all(sfts):
+        arms["sft-only"] = {"f1_after": stat([x["f1"] for x in sfts])}
     res = {"seeds": seeds, "teacher_f1": first["teacher"]["f1"], "budget": first["budget"], "arms": arms,
            "command": "python examples/smollm2_memopd.py " + " ".join(sys.argv[1:])}
     (out / "results-seeds.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -426,6 +454,9 @@ def summarise(out: Path, seeds: list[int]) -> dict[str, Any]:
              "| arm | F1 after | F1 by step (mean) | s / step | update s / step | peak RSS (MiB) | checkpoint (MiB) |",
              "|---|---|---|---|---|---|---|"]
     for arm, a in arms.items():
+        if "f1_curve" not in a:  # the SFT-only student: its final F1 only
+            lines.append(f"| {arm} | {a['f1_after']['mean']:.3f} +- {a['f1_after']['sd']:.3f} | - | - | - | - | - |")
+            continue
         curve = ", ".join(f"{s}: {f:.3f}" for s, f in zip(a["f1_curve"]["step"], a["f1_curve"]["mean"]))
         lines.append(f"| {arm} | {a['f1_after']['mean']:.3f} +- {a['f1_after']['sd']:.3f} | {curve} | "
                      f"{a['s_per_step']['mean']:.1f} | {a['update_s_per_step']['mean']:.1f} | "
@@ -461,9 +492,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(passed {audit_data['aligned']['passed']}), persistent {audit_data['persistent']['max_abs_diff']:.2f}")
     if any(not (arm_dir(out, a, args.seed) / "summary.json").is_file() for a in args.arm_list):
         timings.run(stem("arms", args.seed), run_arms, out, teacher, args)
+    sft = None
+    if args.sft_student:
+        sft_dir = sft_student(out, args) if (out / stem("sft-student", args.seed) / "config.json").is_file() else \
+            timings.run(stem("sft_student", args.seed), sft_student, out, args)
+        sft = heldout(str(sft_dir), sft_dir / "heldout.json", b, b.eval_episodes, args.threads)
+        log(f"SFT-only student held-out F1 {sft['f1']:.3f} (EM {sft['em']:.3f}, {b.eval_episodes} episodes)")
     export = timings.run("export_eval", export_and_eval, out, args) \
         if not (out / "eval-export" / "summary.json").is_file() else export_and_eval(out, args)
-    results = report(out, args, timings, teacher_f1, audit_data, export)
+    results = report(out, args, timings, teacher_f1, audit_data, export, sft)
     print(markdown(results))
     names = [f"{stem('results', args.seed)}.md", f"{stem('results', args.seed)}.json", f"{stem('curves', args.seed)}.png"]
     print("results: " + ", ".join(str(out / n) for n in names))

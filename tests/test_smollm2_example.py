@@ -60,7 +60,13 @@ def test_report_export_and_resume(example, smoke):
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "results.md").read_text()
     assert "| ppo+memopd |" in md and "RCE audit" in md and "memopd.eval --model" in md
-    assert set(res["timings"]) == {"teacher_sft", "teacher_eval", "audit", "arms", "export_eval"}
+    assert set(res["timings"]) == {"teacher_sft", "teacher_eval", "audit", "arms", "sft_student", "export_eval"}
+    # the SFT-only baseline: the untouched student on as many oracle trajectories as an arm samples
+    sft = json.loads((out / "sft-student" / "sft_config.json").read_text())
+    b = example.SMOKE
+    assert sft["model"] == "tiny" and sft["steps"] == b.steps
+    assert sft["num_episodes"] == b.steps * b.questions_per_step * b.group_size
+    assert 0.0 <= res["sft_student"]["f1"] <= 1.0 and "SFT-only student" in md
     # a second invocation finds every stage done and only rewrites the report
     t0 = time.perf_counter()
     assert example.main(args) == 0
@@ -77,10 +83,12 @@ def test_a_second_seed_shares_the_stages_and_the_summary_reads_both(example, smo
     one = json.loads((out / "results-seed-1.json").read_text())
     assert one["seed"] == 1 and list(one["table"]) == ["ppo"] and (out / "curves-seed-1.png").is_file()
     assert one["teacher"] == res["teacher"] and "arms-seed-1" in one["timings"]
+    assert "sft_student-seed-1" in one["timings"] and (out / "sft-student-seed-1" / "config.json").is_file()
     assert json.loads((out / "results.json").read_text())["seed"] == 0  # seed 0's report is untouched
     (out / "results-seed-1.json").write_text(json.dumps({**one, "table": res["table"], "curves": res["curves"]}))
     assert example.main(["--out", str(out), "--summarise", "0,1"]) == 0
     summary = json.loads((out / "results-seeds.json").read_text())
     f1 = summary["arms"]["ppo"]["f1_after"]
     assert f1["each"] == [res["table"]["ppo"]["after"]["f1"]] * 2 and f1["sd"] == 0.0
+    assert summary["arms"]["sft-only"]["f1_after"]["each"] == [res["sft_student"]["f1"], one["sft_student"]["f1"]]
     assert summary["arms"]["ppo"]["checkpoint_bytes"]["mean"] > 0 and summary["arms"]["ppo"]["peak_rss_mb"]["mean"] > 0
