@@ -234,7 +234,8 @@ def student_terms_topk(student: ActionStates, targets: torch.Tensor, top: TopK, 
            t_lp: torch.Tensor) -> tuple[torch.Tensor, ...]:
         logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
         s_b, t_b = topk_buckets(logp_s, TopK(ids, t_lp, top.project))
-        return (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1), bucket_divergence(s_b, t_b, kind))
+        return (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1),
+                bucket_divergence(s_b, t_b, kind))
 
     dev = student.hidden.device
     parts = map_chunks(fn, (student.hidden, student.temperatures, targets.to(dev), top.ids.to(dev), top.logp.to(dev)),
@@ -243,6 +244,7 @@ def student_terms_topk(student: ActionStates, targets: torch.Tensor, top: TopK, 
     return tuple(torch.cat([p[i] for p in parts]) if parts else empty for i in range(3))  # type: ignore[return-value]
 
 
-__all__ = ["ESTIMATORS", "PROJECT_FLOOR", "SAMPLED_KINDS", "TAIL_FLOOR", "TeacherScores", "TopK", "bucket_divergence", "sampled_advantage",
-           "sampled_estimate", "sampled_loss", "student_terms_topk", "teacher_targets", "teacher_token_logprobs",
-           "project_student", "teacher_topk", "topk_buckets", "topk_divergence"]
+__all__ = ["ESTIMATORS", "PROJECT_FLOOR", "SAMPLED_KINDS", "TAIL_FLOOR", "TeacherScores", "TopK",
+           "bucket_divergence", "project_student", "sampled_advantage", "sampled_estimate", "sampled_loss",
+           "student_terms_topk", "teacher_targets", "teacher_token_logprobs", "teacher_topk", "topk_buckets",
+           "topk_divergence"]
