@@ -142,7 +142,7 @@ def test_teacher_with_another_vocabulary_is_refused_for_the_full_estimator(tmp_p
     model.save_pretrained(tmp_path / "other")
     tok.save_pretrained(tmp_path / "other")
     cfg = _cfg(tmp_path / "run", "--teacher", str(tmp_path / "other"))
-    with pytest.raises(ValueError, match="tokenizers differ.*pass --opd-estimator sampled"):
+    with pytest.raises(ValueError, match="tokenizers differ.*pass --opd-estimator topk or sampled"):
         train.Trainer(cfg, log=lambda m: None)
 
 

@@ -198,8 +198,8 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
 
 def check_other_tokenizer(cfg: Any, tokenizer: Any, student_tokenizer: Any, world: distributed.World) -> None:
     """What a teacher with another tokenizer can do: the sampled and the top-k estimators (two
-    vocabularies have no token-for-token map for a whole distribution; the top-k maps tokens of
-    the same text), in one process or replicated, without Prune-OPD (which compares the two
+    vocabularies have no token-for-token map for a whole distribution; the top-k sums the
+    student's tokens onto the teacher's by first pieces), in one process or replicated, without Prune-OPD (which compares the two
     distributions at every token)."""
     from agents.models import check_same_vocab
 
@@ -209,9 +209,9 @@ def check_other_tokenizer(cfg: Any, tokenizer: Any, student_tokenizer: Any, worl
         what = str(exc).split(". They must")[0]
     if cfg.opd_estimator == "full":
         raise ConfigError(f"--teacher {cfg.teacher}: {what}. A teacher with another tokenizer gives the log-prob "
-                          "of the student's text and its top-k over the tokens both vocabularies have, not a "
-                          "distribution over the student's whole vocabulary: pass --opd-estimator topk or sampled, "
-                          "or use a teacher with the student's tokenizer")
+                          "of the student's text and its top-k over its own tokens (the student's summed onto them), "
+                          "not a distribution over the student's whole vocabulary: pass --opd-estimator topk or "
+                          "sampled, or use a teacher with the student's tokenizer")
     if cfg.teacher_context != "aligned":
         raise ConfigError(f"--teacher {cfg.teacher}: {what}. The persistent control flattens each episode by the "
                           "record's spans, which name student tokens; a teacher with another tokenizer scores in "
