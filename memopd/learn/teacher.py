@@ -89,8 +89,9 @@ class CrossTokenizerTeacher(LocalTeacher):
         super().__init__(model, tokenizer, **kwargs)
         self.student_tokenizer = student_tokenizer
         self.k = k
-        self.project = torch.tensor(first_pieces(student_tokenizer, tokenizer), dtype=torch.long) if k > 0 else None
-        self.identity = same_tokenizer(student_tokenizer, tokenizer)
+        # the student-to-teacher map of the top-k; none with identical tokenizers (the ids are the student's)
+        self.project = torch.tensor(first_pieces(student_tokenizer, tokenizer), dtype=torch.long) \
+            if k > 0 and not same_tokenizer(student_tokenizer, tokenizer) else None
 
     @torch.no_grad()
     def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
@@ -125,7 +126,7 @@ class CrossTokenizerTeacher(LocalTeacher):
                     src[n] = row[(e, i, first)]
             scores.supervised = src >= 0
             at = src.clamp_min(0)  # unsupervised actions: any row, weight 0
-            scores.top = TopK(top.ids[at], top.logp[at], None if self.identity else self.project)
+            scores.top = TopK(top.ids[at], top.logp[at], self.project)
             metrics["teacher/supervised_share"] = float(scores.supervised.float().mean()) if batch.num_actions else 0.0
         metrics["teacher/score_s"] = time.perf_counter() - t0
         return scores
@@ -199,8 +200,8 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
 def check_other_tokenizer(cfg: Any, tokenizer: Any, student_tokenizer: Any, world: distributed.World) -> None:
     """What a teacher with another tokenizer can do: the sampled and the top-k estimators (two
     vocabularies have no token-for-token map for a whole distribution; the top-k sums the
-    student's tokens onto the teacher's by first pieces), in one process or replicated, without Prune-OPD (which compares the two
-    distributions at every token)."""
+    student's tokens onto the teacher's by first pieces), in one process or replicated, without
+    Prune-OPD (which compares the two distributions at every token)."""
     from agents.models import check_same_vocab
 
     try:
