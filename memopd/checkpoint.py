@@ -1,6 +1,7 @@
 """Atomic training checkpoints: a kill never leaves a half-written checkpoint behind.
 
-Layout of a run directory::
+Layout of a run directory (its one definition: :mod:`agents.run_layout`, which the model loader
+reads too)::
 
     checkpoints/step-000040/   student.safetensors, critic.safetensors?, trainer.pt, meta.json
     checkpoints/latest         the name of the newest complete checkpoint (replaced atomically)
@@ -42,9 +43,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-
-DCP_DIR = "dcp"
-"""The Distributed Checkpoint folder inside a sharded checkpoint."""
+from agents.run_layout import (DCP_DIR, LATEST, META, TRAINER_STATE, checkpoints_root, list_checkpoints, rng_file,
+                               step_dir, weights_file)
 
 
 class CheckpointError(RuntimeError):
@@ -71,7 +71,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def clean_leftovers(run_dir: str | Path) -> list[Path]:
     """Remove what a killed save left in ``checkpoints/`` (``.tmp-*`` folders, ``.latest.tmp``)."""
-    root = Path(run_dir) / "checkpoints"
+    root = checkpoints_root(run_dir)
     gone = [p for p in root.glob(".tmp-*")] + [p for p in root.glob(".latest.tmp")]
     for p in gone:
         if p.is_dir():
@@ -79,11 +79,6 @@ def clean_leftovers(run_dir: str | Path) -> list[Path]:
         else:
             p.unlink(missing_ok=True)
     return gone
-
-
-def step_dir(run_dir: str | Path, step: int) -> Path:
-    """Where checkpoint ``step`` lives (or will)."""
-    return Path(run_dir) / "checkpoints" / f"step-{step:06d}"
 
 
 def _state_dict_for_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -118,16 +113,16 @@ def save(run_dir: str | Path, step: int, modules: dict[str, torch.nn.Module],
 
     A module may be anything with ``state_dict()`` / ``load_state_dict(state, strict=False)``, such
     as :class:`memopd.distributed.FullState` (a sharded model seen whole)."""
-    ckpt_root = Path(run_dir) / "checkpoints"
+    ckpt_root = checkpoints_root(run_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     clean_leftovers(run_dir)
     name = step_dir(run_dir, step).name
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=ckpt_root))
     try:
         for key, module in modules.items():
-            save_file(_state_dict_for_save(module), str(tmp / f"{key}.safetensors"))
-        torch.save(trainer_state, tmp / "trainer.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "modules": sorted(modules)}))
+            save_file(_state_dict_for_save(module), str(tmp / weights_file(key)))
+        torch.save(trainer_state, tmp / TRAINER_STATE)
+        (tmp / META).write_text(json.dumps({"step": step, "modules": sorted(modules)}))
         for f in tmp.iterdir():
             with f.open("rb") as fh:
                 os.fsync(fh.fileno())
@@ -138,7 +133,7 @@ def save(run_dir: str | Path, step: int, modules: dict[str, torch.nn.Module],
         _fsync_dir(ckpt_root)
         latest_tmp = ckpt_root / ".latest.tmp"
         latest_tmp.write_text(name)
-        os.replace(latest_tmp, ckpt_root / "latest")
+        os.replace(latest_tmp, ckpt_root / LATEST)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -174,7 +169,7 @@ def save_sharded(run_dir: str | Path, step: int, state: Any, trainer_state: dict
 
     from memopd import distributed
 
-    ckpt_root = Path(run_dir) / "checkpoints"
+    ckpt_root = checkpoints_root(run_dir)
     tmp_name = None
     if world.is_main:
         ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -187,11 +182,11 @@ def save_sharded(run_dir: str | Path, step: int, state: Any, trainer_state: dict
         with warnings.catch_warnings():  # one process: DCP says it assumes so
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save(sd, checkpoint_id=str(tmp / DCP_DIR), no_dist=not world.enabled)
-        torch.save(rng_state(), tmp / f"rng-{world.rank:05d}.pt")
+        torch.save(rng_state(), tmp / rng_file(world.rank))
         distributed.barrier(world)
         if world.is_main:
-            torch.save(trainer_state, tmp / "trainer.pt")
-            (tmp / "meta.json").write_text(json.dumps({"step": step, "format": "dcp", "world_size": world.size,
+            torch.save(trainer_state, tmp / TRAINER_STATE)
+            (tmp / META).write_text(json.dumps({"step": step, "format": "dcp", "world_size": world.size,
                                                        "modules": sorted(state.models),
                                                        "optimizers": [k for k in state.optimizers if k in sd]}))
             _fsync_tree(tmp)
@@ -201,7 +196,7 @@ def save_sharded(run_dir: str | Path, step: int, state: Any, trainer_state: dict
             _fsync_dir(ckpt_root)
             latest_tmp = ckpt_root / ".latest.tmp"
             latest_tmp.write_text(final.name)
-            os.replace(latest_tmp, ckpt_root / "latest")
+            os.replace(latest_tmp, ckpt_root / LATEST)
             _prune(ckpt_root, keep)
     finally:
         if world.is_main and tmp.exists():
@@ -213,15 +208,9 @@ def save_sharded(run_dir: str | Path, step: int, state: Any, trainer_state: dict
 def is_sharded(path: str | Path) -> bool:
     """Whether checkpoint ``path`` was written by :func:`save_sharded`."""
     try:
-        return json.loads((Path(path) / "meta.json").read_text()).get("format") == "dcp"
+        return json.loads((Path(path) / META).read_text()).get("format") == "dcp"
     except (OSError, ValueError):
         return False
-
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, newest first."""
-    root = Path(run_dir) / "checkpoints"
-    return sorted((p for p in root.glob("step-*") if (p / "meta.json").is_file()), reverse=True)
 
 
 def _load_sharded(path: Path, state: Any, optimizers: list[str]) -> None:
@@ -256,16 +245,16 @@ def _dcp_reason(exc: BaseException) -> str:
 
 
 def _load_one(path: Path, modules: dict[str, torch.nn.Module], sharded: Any = None, rank: int = 0) -> dict[str, Any]:
-    meta = json.loads((path / "meta.json").read_text())
+    meta = json.loads((path / META).read_text())
     if meta.get("format") == "dcp":
         _load_sharded(path, sharded, meta.get("optimizers", []))
         state = _load_trainer_state(path)
         saved = int(meta["world_size"])
-        state["rng"] = torch.load(path / f"rng-{rank % saved:05d}.pt", weights_only=True)
+        state["rng"] = torch.load(path / rng_file(rank % saved), weights_only=True)
         state["step"], state["format"], state["world_size"] = meta["step"], "dcp", saved
         return state
     for key, module in modules.items():
-        f = path / f"{key}.safetensors"
+        f = path / weights_file(key)
         if not f.is_file():
             raise CheckpointError(f"{path}: missing {f.name}")
         state = load_file(str(f))
@@ -286,11 +275,11 @@ def _load_one(path: Path, modules: dict[str, torch.nn.Module], sharded: Any = No
 
 def _load_trainer_state(path: Path) -> dict[str, Any]:
     try:
-        return torch.load(path / "trainer.pt", weights_only=True)
+        return torch.load(path / TRAINER_STATE, weights_only=True)
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()
         raise CheckpointError(
-            f"{path / 'trainer.pt'}: refused: it holds pickled objects other than tensors and plain data, and "
+            f"{path / TRAINER_STATE}: refused: it holds pickled objects other than tensors and plain data, and "
             f"loading them could run code ({first[0][:200] if first else 'weights_only load failed'}). "
             "Resume only run directories written by memopd.train from a source you trust") from None
 
@@ -307,7 +296,7 @@ def load_latest(run_dir: str | Path, modules: dict[str, torch.nn.Module], sharde
     """
     candidates = list_checkpoints(run_dir)
     if not candidates:
-        raise CheckpointError(f"no checkpoint in {Path(run_dir) / 'checkpoints'}; nothing to resume "
+        raise CheckpointError(f"no checkpoint in {checkpoints_root(run_dir)}; nothing to resume "
                               "(start a new run without --resume)")
     clean_leftovers(run_dir)
     errors = []
@@ -320,21 +309,21 @@ def load_latest(run_dir: str | Path, modules: dict[str, torch.nn.Module], sharde
             errors.append(f"{path.name}: {exc}")
             continue
         if missing:
-            warnings.warn(f"{Path(run_dir) / 'checkpoints' / 'latest'} names checkpoint {named}, which is missing "
+            warnings.warn(f"{checkpoints_root(run_dir) / LATEST} names checkpoint {named}, which is missing "
                           f"(deleted, or its files incomplete); resuming from {path.name}, the newest complete one",
                           RuntimeWarning, stacklevel=2)
         if errors:
             warnings.warn(f"skipped damaged checkpoint(s), resuming from {path.name}: " + "; ".join(errors),
                           RuntimeWarning, stacklevel=2)
         return state, path
-    raise CheckpointError(f"every checkpoint in {Path(run_dir) / 'checkpoints'} failed to load (start a new run, "
+    raise CheckpointError(f"every checkpoint in {checkpoints_root(run_dir)} failed to load (start a new run, "
                           "or restore the checkpoints from a backup):\n  " + "\n  ".join(errors))
 
 
 def _latest_name(run_dir: str | Path) -> str | None:
     """The checkpoint name ``checkpoints/latest`` gives (None when there is no readable one)."""
     try:
-        name = (Path(run_dir) / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
+        name = (checkpoints_root(run_dir) / LATEST).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return name or None

@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from memopd.losses import DIVERGENCES
 from memopd.scoring import ActionStates, map_chunks
 
-DIVERGENCES = ("rkl", "fkl", "jsd")  # as memopd.losses.DIVERGENCES
 ESTIMATORS = ("full", "topk", "sampled")
 SAMPLED_KINDS = ("k1", "k3")
 TAIL_FLOOR = 1e-12

@@ -392,20 +392,6 @@ def topk_from_states(states: ActionStates, k: int, chunk_size: int = 1024,
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
-def overlap_from_states(student: ActionStates, k: int, chunk_size: int = 1024, teacher: ActionStates | None = None,
-                        teacher_logp: torch.Tensor | None = None) -> torch.Tensor:
-    """[N] :func:`topk_overlap` of the student's and the teacher's distributions at each action
-    (no grad); the teacher as states or as its kept log-distribution [N, V]."""
-    def fn(h: torch.Tensor, temp: torch.Tensor, *t: torch.Tensor) -> torch.Tensor:
-        logp_s = F.log_softmax(student.logits(h, temp), dim=-1)
-        return topk_overlap(logp_s, _teacher_chunk(teacher, t, logp_s), k)
-
-    extra = _teacher_inputs(teacher, teacher_logp)
-    with torch.no_grad():
-        parts = map_chunks(fn, (student.hidden.detach(), student.temperatures, *extra), chunk_size)
-    return torch.cat(parts) if parts else student.hidden.new_zeros(0)
-
-
 def reliability(low: torch.Tensor, episode: torch.Tensor, drop: float) -> torch.Tensor:
     """[N] ``w_t = clip(1 - drop * N_t, 0, 1)``, ``N_t`` the episode's drift events up to and
     including token t (tokens in call order, each episode's together)."""

@@ -14,7 +14,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 # curves drawn in curves.png: (title, metric keys)
 PANELS = (
@@ -23,6 +23,11 @@ PANELS = (
     ("entropy", ("entropy",)),
     ("tokens/s", ("tokens_per_s",)),
 )
+
+
+def mean(xs: Sequence[float]) -> float:
+    """The mean of a step's values (NaN for none: a metric with nothing to average)."""
+    return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
 class LoggingSetupError(RuntimeError):

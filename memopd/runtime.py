@@ -54,10 +54,10 @@ def default_checkpointing(model: Any) -> bool:
 
 def prepare_model(model: Any, options: TrainingOptions) -> Any:
     """Apply the LoRA options (``--lora-r`` > 0: adapters injected in place, the rest frozen; see
-    :mod:`memopd.learn.lora`) and the memory options of ``options`` to a model about to be
+    :mod:`memopd.lora`) and the memory options of ``options`` to a model about to be
     trained; returns it."""
     if getattr(options, "lora_r", 0):
-        from memopd.learn.lora import apply
+        from memopd.lora import apply
 
         apply(model, options)
     checkpointing = options.gradient_checkpointing

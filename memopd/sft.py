@@ -27,9 +27,9 @@ from agents.records import Episode, load_episodes
 from memgym.cli import run_main
 from memopd import config as cfgmod
 from memopd.config import LR_SCHEDULES, ConfigError, TrainingOptions, field
-from memopd.learn.lora import LoRAOptions, lora_on, trainable_parameters
-from memopd.runtime import compute_dtype, lr_lambda, prepare_model, set_threads
+from memopd.lora import LoRAOptions, lora_on, trainable_parameters
 from memopd.packing import fitting_budget, pack_episodes
+from memopd.runtime import compute_dtype, lr_lambda, prepare_model, set_threads
 from memopd.scoring import action_states, token_logprobs
 
 

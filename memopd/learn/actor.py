@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from agents.records import ROLES, Episode
+from agents.records import Episode
 from memopd import distributed
 from memopd.config import ConfigError
 
@@ -25,12 +25,10 @@ EVAL_SEED = 10_000
 @dataclass(frozen=True)
 class RolloutLimits:
     """What a plugin may limit or ask of a rollout: the most model calls per episode (a depth
-    budget; an episode is cut there), a monitor that sees every round of calls and returns the env
-    slots whose episodes stop after it (see :func:`agents.rollout.rollout`), and the top-k of each
-    sampling distribution to record with every token (``Backend.record_topk``)."""
+    budget; an episode is cut there) and the top-k of each sampling distribution to record with
+    every token (``Backend.record_topk``)."""
 
     max_calls: int | None = None
-    monitor: Callable[..., set[int]] | None = None
     record_topk: int = 0
 
 
@@ -105,7 +103,7 @@ class Actor:
         from memopd.contexts import ContractError, check_contract
 
         cfg = self.cfg
-        roles = None if cfg.opd_coef == 0 else ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,)
+        roles = None if cfg.opd_coef == 0 else cfg.teacher_roles()
         try:
             check_contract(episodes, cfg.teacher_context if roles is not None else "aligned", teacher_roles=roles,
                            reward=None if cfg.reward == "none" else cfg.reward)
@@ -131,7 +129,7 @@ class Actor:
         try:
             episodes = rollout(self.train_envs, self.agent(), count * self.cfg.group_size,
                                group_size=self.cfg.group_size, seed=base_seed, progress=False, run_id=run_id,
-                               max_calls=limits.max_calls, monitor=limits.monitor)
+                               max_calls=limits.max_calls)
         finally:
             self.backend.record_topk = 0
             self.backend.sleep()

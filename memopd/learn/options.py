@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agents.records import ROLES
 from agents.registry import agent_names as _agent_names
 from memopd import distributed, losses
 from memopd.config import ConfigError, TrainingOptions, field
 from memopd.estimators import ESTIMATORS, SAMPLED_KINDS
-from memopd.learn.lora import LoRAOptions
+from memopd.lora import LoRAOptions
 from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.plugins.async_ray import AsyncOptions
 from memopd.plugins.freshness import FreshnessOptions
@@ -139,6 +140,10 @@ class ObjectiveOptions:
     gamma: float = field(1.0, help="GAE discount", range=(0.0, 1.0))
     lam: float = field(1.0, help="GAE lambda", range=(0.0, 1.0))
     vf_coef: float = field(0.5, help="value loss weight (GAE critic)", range=(0.0, None))
+
+    def teacher_roles(self) -> tuple[str, ...]:
+        """The roles of the calls whose tokens the teacher supervises (``--teacher-mask``)."""
+        return ROLES if self.teacher_mask == "both" else (self.teacher_mask,)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]

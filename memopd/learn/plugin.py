@@ -5,7 +5,7 @@ advantages -> teacher -> loss weights -> PPO + OPD update -> metrics. A plugin m
 places of it, and nothing else:
 
 - **the rollout**: :meth:`Plugin.wrap_rollout` gets the step's rollout function and returns one
-  that limits it (a depth budget, a drift monitor: :class:`~memopd.learn.actor.RolloutLimits`),
+  that limits it (a depth budget, the top-k to record: :class:`~memopd.learn.actor.RolloutLimits`),
   wraps it (train on older batches) or replaces it (episodes from asynchronous workers);
 - **the per-token loss weights**: :meth:`Plugin.weigh` multiplies or replaces
   :class:`LossWeights` (the PPO/entropy/value weights and the distillation weights of every

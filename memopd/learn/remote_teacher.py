@@ -57,7 +57,7 @@ def is_url(spec: str) -> bool:
 class RemoteTeacher:
     """Scores a step's invocations on a served model; see the module doc."""
 
-    model = None  # no weights in this process: no held-out evaluation, no Prune-OPD monitor
+    model = None  # no weights in this process: no held-out evaluation
     context = "aligned"
 
     def __init__(self, base_url: str, tokenizer: Any, *, k: int, served_model: str | None = None,

@@ -40,8 +40,7 @@ from memopd.scoring import ActionStates, action_states, row_grouped_states
 
 class Teacher(ABC):
     """Scores a step's packed invocations. ``model`` and ``tokenizer`` are the teacher's whole
-    weights and tokenizer where it has them in this process (its held-out evaluation and
-    Prune-OPD's rollout monitor use them)."""
+    weights and tokenizer where it has them in this process (its held-out evaluation uses them)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, context: str = "aligned",
                  lowering: str | None = None, pack_tokens: int = 4096, roles: Sequence[str] = ROLES,
@@ -185,7 +184,7 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
     model.eval().requires_grad_(False)
     kw = dict(context=cfg.teacher_context, lowering=cfg.attn, pack_tokens=cfg.pack_tokens,
               rows_per_forward=cfg.micro_batch_rows or 0,
-              roles=ROLES if cfg.teacher_mask == "both" else (cfg.teacher_mask,))
+              roles=cfg.teacher_roles())
     if not same_tokenizer(tokenizer, student_tokenizer):
         check_other_tokenizer(cfg, tokenizer, student_tokenizer, world)
         log(f"teacher: another tokenizer ({len(tokenizer)} tokens, the student's {len(student_tokenizer)}): each call "

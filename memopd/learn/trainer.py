@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
-from agents.models import RUN_ADAPTER_DIR, RUN_MODEL_DIR
-from agents.records import ROLES, Episode, save_episodes
+from agents.run_layout import RUN_ADAPTER_DIR, RUN_MODEL_DIR
+from agents.records import Episode, save_episodes
 from memopd import checkpoint, distributed
 from memopd import config as cfgmod
 from memopd.audit import RCEAuditHook
@@ -34,7 +34,7 @@ from memopd.config import ConfigError
 from memopd.learn.actor import Actor, Rollout, RolloutLimits
 from memopd.learn.advantage import compute_advantages, episode_rewards, role_masks
 from memopd.learn.env_check import check_env, check_env_settings
-from memopd.learn.lora import checkpoint_view, lora_on, trainable_parameters
+from memopd.lora import checkpoint_view, lora_on, trainable_parameters
 from memopd.learn.models import Critic, pad_id, resolve_defaults, resolve_memory_defaults, warm_start_student
 from memopd.learn.options import TrainConfig
 from memopd.learn.plugin import (LossWeights, Plugin, PluginContext, RolloutFn, StepResult, TrainingError,
@@ -43,7 +43,7 @@ from memopd.learn.state import TrainState
 from memopd.learn.teacher import load_teacher
 from memopd.learn.update import PPOUpdate, UpdateInputs
 from memopd.packing import PackedBatch, pack_episodes
-from memopd.runlog import RunLogger, check_mirrors, plot_curves, read_metrics
+from memopd.runlog import RunLogger, check_mirrors, mean, plot_curves, read_metrics
 from memopd.runtime import PhaseTimes, adamw, compute_dtype, lr_lambda, peak_rss_mb, prepare_model, set_threads
 from memopd.scoring import ActionStates, action_states
 
@@ -185,7 +185,7 @@ class Trainer:
         own = distributed.own_episodes(episodes, world)
         local = [episodes[i] for i in own]
         with phase("pack"):
-            batch = pack_episodes(local, cfg.pack_tokens, mode="aligned", teacher_roles=self._teacher_roles(),
+            batch = pack_episodes(local, cfg.pack_tokens, mode="aligned", teacher_roles=self.cfg.teacher_roles(),
                                   pad_token_id=pad_id(self.tokenizer))
         with phase("advantages"):
             adv = compute_advantages(cfg, batch, episodes, own, world, self.ref, self.critic_fwd)
@@ -233,9 +233,6 @@ class Trainer:
             stats.update(plugin.weigh(weights, ctx))
         return weights, stats
 
-    def _teacher_roles(self) -> tuple[str, ...]:
-        return ROLES if self.cfg.teacher_mask == "both" else (self.cfg.teacher_mask,)
-
     def _progress(self) -> float:
         """How far training is, in [0, 1]: the share of --time-budget spent when a budget is set
         (the steps it allows are not known in advance), else of --steps."""
@@ -256,10 +253,10 @@ class Trainer:
         return {
             "reward": float(episode_rewards(done, cfg.reward if cfg.reward != "none" else "f1").mean()) if done
             else float("nan"),
-            "f1": _mean([e.metrics.get("f1", 0.0) for e in done]),
-            "em": _mean([e.metrics.get("em", 0.0) for e in done]),
+            "f1": mean([e.metrics.get("f1", 0.0) for e in done]),
+            "em": mean([e.metrics.get("em", 0.0) for e in done]),
             "calls_per_episode": n_calls / max(1, len(episodes)),
-            "memory_tokens_per_call": _mean(mem_tokens),
+            "memory_tokens_per_call": mean(mem_tokens),
             "action_tokens": int(n_actions),
             "packing_efficiency": 1.0 - (1.0 - n_real / max(1, n_slots)),
             "tokens_per_s": n_real * cfg.ppo_epochs / max(1e-9, learn_s),
@@ -589,9 +586,6 @@ class _QuietLogger:
     def close(self) -> None:
         pass
 
-
-def _mean(xs: Sequence[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
 __all__ = ["Rollout", "Trainer", "TrainingError"]

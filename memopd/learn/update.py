@@ -28,6 +28,7 @@ from memopd.estimators import TeacherScores
 from memopd.learn.advantage import Advantages
 from memopd.learn.plugin import LossWeights
 from memopd.packing import PackedBatch
+from memopd.runlog import mean
 from memopd.runtime import PhaseTimes
 from memopd.scoring import ActionStates, token_logprobs
 
@@ -156,7 +157,7 @@ class PPOUpdate:
         if sums:  # at least one optimizer step happened
             self.sched.step()
         self.student.eval()
-        out = {k: _mean(v) for k, v in sums.items()}
+        out = {k: mean(v) for k, v in sums.items()}
         out.update(distributed.weighted_stats(kl_parts, self.world))
         out["skipped_minibatches"] = skipped
         if skipped and not sums:
@@ -291,9 +292,6 @@ def teacher_logprobs(teacher_states: ActionStates | None, cfg: Any) -> torch.Ten
 def _sum_count(x: torch.Tensor) -> tuple[float, float]:
     return float(x.double().sum()), float(x.numel())
 
-
-def _mean(xs: Sequence[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
 __all__ = ["PPOUpdate", "UpdateInputs", "teacher_logprobs"]

@@ -46,6 +46,7 @@ from memopd.config import ConfigError, field
 from memopd.learn.actor import Rollout, RolloutLimits
 from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, StepResult, WeighContext
 from memopd.packing import PackedBatch
+from memopd.runlog import mean
 
 
 @dataclass
@@ -203,7 +204,7 @@ class PruneOPD(Plugin):
             longest = max((len(e.invocations) for e in result.episodes if e.cut is None), default=0)
             self.window.update(*self.pending, longest=longest)
             self.pending = None
-        out["prune/cut_episodes"] = _mean([float(e.cut is not None) for e in result.episodes])
+        out["prune/cut_episodes"] = mean([float(e.cut is not None) for e in result.episodes])
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -250,9 +251,6 @@ def recorded_topk(episodes: Sequence[Episode], token_map: torch.Tensor, k: int
         return torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
     return torch.tensor(ids, dtype=torch.long), torch.tensor(lps, dtype=torch.float32)
 
-
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
 __all__ = ["PruneOPD", "PruneOPDOptions", "Window", "drift_inputs", "is_hit", "recorded_topk", "reliable_calls"]

@@ -45,6 +45,7 @@ from memopd import distributed, losses
 from memopd.config import ConfigError, field
 from memopd.learn.actor import Rollout, RolloutLimits
 from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, StepResult, WeighContext
+from memopd.runlog import mean
 
 
 @dataclass
@@ -189,7 +190,7 @@ class TurnOPD(Plugin):
         if not cfg.adaptive_depth:
             return {}
         out = {"depth/probe": float(self.probe),
-               "depth/cut_episodes": _mean([float(e.cut is not None) for e in result.episodes])}
+               "depth/cut_episodes": mean([float(e.cut is not None) for e in result.episodes])}
         if self.probe:
             self.last_probe = probe_stats(result, cfg.depth_success_f1, self.ctx.world)
             self.controller.update(self.last_probe)
@@ -257,9 +258,6 @@ def _round(x: float) -> int:
     """Half up (2.5 -> 3), not Python's half to even."""
     return math.floor(x + 0.5)
 
-
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
 __all__ = ["DepthController", "Probe", "TurnOPD", "TurnOPDOptions", "probe_stats"]
