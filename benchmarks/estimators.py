@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
-    from memopd import estimators as est
+    from memopd.learn import estimators as est
     from memopd import losses
     from memopd.scoring import action_states
     from opd_calls import opd_calls

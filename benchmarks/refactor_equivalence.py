@@ -22,6 +22,14 @@ the first run), one run at a time, with the same small seeded settings: :data:`C
     gae              --advantage gae (a critic)
     persistent       --teacher-context persistent
     two-ranks        the default under torchrun --standalone --nproc_per_node 2 (gloo on CPU, one thread a rank)
+    topk             --opd-estimator topk --opd-topk 8
+    sampled          --opd-estimator sampled (the forward KL's estimate at the sampled token, a loss)
+    sampled-adv      --opd-estimator sampled --opd-sampled-as advantage --opd-divergence rkl (PPO's advantage)
+    lora             --lora-r 4 (adapters on the default targets; the merged final model compared)
+    served           --teacher URL --opd-estimator topk --opd-topk 8 --teacher-concurrency 1: the tiny-teacher
+                     preset behind a stock vllm serve, started once for both trees with --vllm-python (an
+                     interpreter that has vLLM; skipped when there is none); one request at a time, so the
+                     server answers the same requests in the same order for both
     resume           a run directory written by the base tree (steps 1-2, a checkpoint every step, a
                      finished run) is resumed by the head tree with ``--steps 4``; its steps 3-4 are
                      compared with the base tree's uninterrupted 4-step run (the default arm's), and
@@ -65,6 +73,7 @@ differing keys) and per-arm times, writes ``OUT/report.json``, and exits 1 when 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -74,7 +83,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 # Timing metrics: wall-clock measurements, different in any two runs, so never compared (a key
 # ending in "_s" counts as one too, see is_timing). Everything else in a row is compared.
@@ -330,6 +339,15 @@ ARMS = [
     Arm("persistent", ["--teacher-context", "persistent"], exercised=_any("kl/all", lambda v: v > 0),
         what="kl/all > 0"),
     Arm("two-ranks", [], kind="torchrun", exercised=_any("kl/all", lambda v: v > 0), what="kl/all > 0"),
+    Arm("topk", ["--opd-estimator", "topk", "--opd-topk", "8"], exercised=_any("kl/all", lambda v: v > 0),
+        what="kl/all > 0"),
+    Arm("sampled", ["--opd-estimator", "sampled"], exercised=_any("opd_loss", lambda v: v != 0),
+        what="opd_loss != 0"),
+    Arm("sampled-adv", ["--opd-estimator", "sampled", "--opd-sampled-as", "advantage", "--opd-divergence", "rkl"],
+        exercised=_any("pg_loss", lambda v: v != 0), what="pg_loss != 0"),
+    Arm("lora", ["--lora-r", "4"], exercised=_any("kl/all", lambda v: v > 0), what="kl/all > 0"),
+    Arm("served", ["--opd-estimator", "topk", "--opd-topk", "8", "--teacher-concurrency", "1"], kind="served",
+        exercised=_any("teacher/requests", lambda v: v > 0), what="teacher/requests > 0"),
     Arm("resume", [], kind="resume"),
 ]
 ARM_NAMES = [a.name for a in ARMS]
@@ -437,20 +455,42 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def served_teacher(arm: Arm, vllm_python: str | None) -> Iterator[list[str]]:
+    """The ``--teacher URL`` flags of a served arm (the tiny-teacher preset behind vllm serve, run by
+    ``vllm_python``), or none for any other arm."""
+    if arm.kind != "served":
+        yield []
+        return
+    if not vllm_python:
+        raise RunFailed("no interpreter with vLLM (--vllm-python): the served arm cannot run")
+    from agents import models
+    from agents.backends.vllm_serve import VLLMServer
+
+    model, _ = models.load("tiny-teacher")
+    server = VLLMServer(model.config._name_or_path, max_logprobs=64, python=vllm_python, startup_s=900)
+    server.start()
+    try:
+        yield ["--teacher", server.url]
+    finally:
+        server.stop()
+
+
 def run_arm(arm: Arm, base: Tree, head: Tree, out: Path, settings: list[str], rtol: float,
-            caches: dict[str, Path | None], done: dict[str, dict[str, Path]]) -> Result:
+            caches: dict[str, Path | None], done: dict[str, dict[str, Path]], vllm_python: str | None = None) -> Result:
     """Both trees' runs of ``arm`` (into OUT/runs/<tree>/<arm>, the same leaf name in both), compared.
     ``done`` collects the run directories by arm (the resume arm reuses the default arm's)."""
     if arm.kind == "resume":
         return run_resume(arm, base, head, out, settings, rtol, caches, done)
     seconds: dict[str, float] = {}
     dirs = {}
-    for tree in (base, head):
-        run_dir = fresh_dir(out / "runs" / tree.label / arm.name)
-        seconds[tree.label] = train(tree, [*settings, *arm.flags, "--run-dir", str(run_dir)],
-                                    out / "logs" / tree.label / f"{arm.name}.log", caches[tree.label],
-                                    ranks=2 if arm.kind == "torchrun" else 1)
-        dirs[tree.label] = run_dir
+    with served_teacher(arm, vllm_python) as teacher:
+        for tree in (base, head):
+            run_dir = fresh_dir(out / "runs" / tree.label / arm.name)
+            seconds[tree.label] = train(tree, [*settings, *arm.flags, *teacher, "--run-dir", str(run_dir)],
+                                        out / "logs" / tree.label / f"{arm.name}.log", caches[tree.label],
+                                        ranks=2 if arm.kind == "torchrun" else 1)
+            dirs[tree.label] = run_dir
     done[arm.name] = dirs
     cmp = compare_runs(dirs["base"], dirs["head"], rtol)
     exercised = arm.exercised(read_rows(dirs["base"])) if arm.exercised else None
@@ -547,12 +587,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--separate-caches", action="store_true",
                     help="give each tree its own model cache (OUT/cache-<tree>), so each builds its own auto teacher")
     ap.add_argument("--keep-trees", action="store_true", help="leave the worktrees made for --base/--head")
+    ap.add_argument("--vllm-python", default=None,
+                    help="an interpreter that has vLLM, for the served arm's vllm serve (default: .venv-vllm/bin/python "
+                         "of this checkout when it exists; without one the served arm fails)")
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the resume arm stops half-way)")
     settings = [*COMMON, "--steps", str(args.steps), "--student-warmup-steps", str(args.warmup_steps)]
 
     repo = Path(git(Path(__file__).resolve().parent, "rev-parse", "--show-toplevel"))
+    local_vllm = repo / ".venv-vllm" / "bin" / "python"
+    vllm_python = args.vllm_python or (str(local_vllm) if local_vllm.is_file() else None)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     arms = [a for a in ARMS if not args.only or a.name in args.only]
@@ -574,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             print(f"[{arm.name}] ...", flush=True)
             try:
-                r = run_arm(arm, base, head, out, settings, args.rtol, caches, done)
+                r = run_arm(arm, base, head, out, settings, args.rtol, caches, done, vllm_python)
             except (RunFailed, subprocess.TimeoutExpired) as exc:
                 r = Result(arm.name, {}, {}, error=str(exc))
             results.append(r)

@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     from agents.backends.vllm_serve import VLLMServer
-    from memopd import estimators as est
+    from memopd.learn import estimators as est
     from memopd import losses
-    from memopd.learn.remote_teacher import RemoteTeacher
-    from memopd.learn.teacher import LocalTeacher
+    from memopd.learn.teachers import RemoteTeacher
+    from memopd.learn.teachers import LocalTeacher
     from opd_calls import opd_calls
 
     calls = opd_calls(args.warmup_steps, args.episodes)

@@ -49,10 +49,13 @@ class ConfigError(ValueError):
 
 
 def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str], choices: Sequence[Any] | None = None,
-          range: tuple[float | None, float | None] | None = None, default_factory: Any = dataclasses.MISSING):
+          range: tuple[float | None, float | None] | None = None, default_factory: Any = dataclasses.MISSING,
+          names: Callable[[], Sequence[str]] | None = None):
     """A dataclass field with documentation and optional validation metadata; ``help`` may be a
-    function, called when ``--help`` is printed (e.g. to list installed plugins)."""
-    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "range": range}
+    function, called when ``--help`` is printed (e.g. to list installed plugins). ``names``: the
+    names an open-ended option knows (a registry's), shown as its metavar like ``choices`` but not
+    enforced (the field checks its value itself)."""
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "range": range, "names": names}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -367,6 +370,8 @@ def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentPar
         group = groups[owner]
         base = _plain(_base_type(hints[f.name])[0])
         default, choices = _default(f), f.metadata.get("choices")
+        if choices is None and f.metadata.get("names") is not None:
+            choices = f.metadata["names"]()
         text = f.metadata.get("help", "")
         text = text() if callable(text) else text  # help that lists what is installed: made when asked
         if base is bool:

@@ -9,7 +9,7 @@ their sum.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -208,15 +208,21 @@ def _teacher_chunk(teacher: ActionStates | None, t: Sequence[torch.Tensor], logp
     return logp_t
 
 
+Divergence = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""A divergence of two log-distributions [n, V] (student's, teacher's) -> [n]."""
+
+
 def student_terms(student: ActionStates, targets: torch.Tensor, teacher: ActionStates | None = None,
-                  kind: str = "rkl", chunk_size: int = 1024, teacher_logp: torch.Tensor | None = None
+                  kind: str | Divergence = "rkl", chunk_size: int = 1024, teacher_logp: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per action: the student's log p(target), its entropy and (given a teacher) the
     full-vocabulary divergence to it, from one projection of the student's states per chunk: the
     output head is applied once in the forward and once in the backward's recomputation, where
     :func:`memopd.scoring.token_logprobs` then :func:`divergence_from_states` apply it twice each.
     The teacher comes as states (projected per chunk, no grad) or as ``teacher_logp`` [N, V]
-    (:func:`teacher_logprobs`, kept across epochs). Returns ([N], [N], [N] or None)."""
+    (:func:`teacher_logprobs`, kept across epochs); ``kind`` names a divergence of
+    :func:`divergence_from_logprobs` or is one (a :data:`Divergence`). Returns ([N], [N], [N] or None)."""
+    divergence = kind if callable(kind) else lambda s, t: divergence_from_logprobs(s, t, kind)
     targets = targets.to(student.hidden.device)
     if teacher is not None and len(teacher) != len(student):
         raise ValueError(f"student has {len(student)} action states, teacher {len(teacher)}; "
@@ -228,7 +234,7 @@ def student_terms(student: ActionStates, targets: torch.Tensor, teacher: ActionS
         out = (logp_s.gather(-1, y[:, None])[:, 0], -(logp_s.exp() * logp_s).sum(-1))
         if not t:
             return out
-        return out + (divergence_from_logprobs(logp_s, _teacher_chunk(teacher, t, logp_s), kind),)
+        return out + (divergence(logp_s, _teacher_chunk(teacher, t, logp_s)),)
 
     extra = _teacher_inputs(teacher, teacher_logp) if teacher is not None or teacher_logp is not None else ()
     parts = map_chunks(fn, (student.hidden, student.temperatures, targets, *extra), chunk_size)

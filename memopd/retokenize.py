@@ -52,7 +52,7 @@ Bias, and what happens at span boundaries:
    At the first student token of a chunk the teacher's state is the student's text exactly (the
    chunk starts where both tokenizations end), so there the teacher's next-token distribution
    over its own vocabulary is compared with the student's summed onto the teacher's tokens
-   (:func:`memopd.estimators.project_student`): the teacher's ``k`` most likely tokens and the
+   (:func:`memopd.learn.estimators.topk.project_student`): the teacher's ``k`` most likely tokens and the
    tail, the student's mass of ``" Zane"`` in the teacher's ``" Z"`` bucket. The target at a
    state does not depend on which token the student sampled there. :func:`chunk_starts` names
    the supervised positions and the teacher token whose state each reads.

@@ -1,4 +1,4 @@
-"""The distillation estimators (memopd.estimators) against hand computations, the full-vocabulary
+"""The distillation estimators (memopd.learn.estimators) against hand computations, the full-vocabulary
 divergence they approximate, and Monte Carlo expectations."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memopd import estimators as est
+from memopd.learn import estimators as est
 from memopd import losses
 from memopd.scoring import ActionStates
 
@@ -215,7 +215,7 @@ def test_topk_with_a_projection_by_hand():
     token 2 to teacher token 1, student token 3 to none. Student p = (0.1, 0.2, 0.3, 0.4) sums to
     (0.3, 0.3, 0) on the teacher's three tokens; the teacher's top-2 are tokens 0 and 2 at 0.5 and
     0.2. Buckets: student (0.3, ~0, 0.7), teacher (0.5, 0.2, 0.3)."""
-    from memopd.estimators import PROJECT_FLOOR, TopK, bucket_divergence, topk_buckets
+    from memopd.learn.estimators import PROJECT_FLOOR, TopK, bucket_divergence, topk_buckets
 
     logp_s = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log().requires_grad_(True)
     top = TopK(torch.tensor([[0, 2]]), torch.tensor([[0.5, 0.2]]).log(), project=torch.tensor([0, 0, 1, -1]))

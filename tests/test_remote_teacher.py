@@ -1,4 +1,4 @@
-"""A teacher behind a real `vllm serve` on 127.0.0.1 (memopd.learn.remote_teacher; skipped without
+"""A teacher behind a real `vllm serve` on 127.0.0.1 (memopd.learn.teachers.served; skipped without
 vLLM, run by CI in its vLLM environment): its top-k and sampled-token log-probs equal the local
 model's, a training step with it equals the step with the same model local, and a server killed
 mid-run is one clear error, never a silent zero loss. Without vLLM: the options it refuses."""
@@ -61,9 +61,9 @@ def _episodes(cache, n=4):
 
 @pytest.mark.vllm
 def test_remote_topk_and_sampled_logprobs_equal_the_local_models(served, cache):
-    from memopd import estimators
-    from memopd.learn.remote_teacher import RemoteTeacher
-    from memopd.learn.teacher import LocalTeacher
+    from memopd.learn import estimators
+    from memopd.learn.teachers import RemoteTeacher
+    from memopd.learn.teachers import LocalTeacher
     from memopd.packing import pack_episodes
 
     url, _, model, tok = served
@@ -136,7 +136,7 @@ def test_a_server_killed_mid_run_is_one_clear_error_not_a_zero_loss(cache, tmp_p
         pytest.skip("vllm is not installed")
     from agents import models
     from memopd import train
-    from memopd.learn.remote_teacher import RemoteTeacherError
+    from memopd.learn.teachers import RemoteTeacherError
 
     model, _ = models.load("tiny-teacher", cache_dir=cache)
     server = _serve(model.config._name_or_path)

@@ -157,8 +157,8 @@ def step(cache):
 
 
 def test_identical_tokenizers_equal_the_same_tokenizer_path_exactly(cache, step):
-    from memopd.estimators import teacher_targets
-    from memopd.learn.teacher import CrossTokenizerTeacher, LocalTeacher
+    from memopd.learn.estimators import teacher_targets
+    from memopd.learn.teachers import CrossTokenizerTeacher, LocalTeacher
 
     eps, batch, tok = step
     teacher, t_tok = models.load("tiny-teacher", cache_dir=cache)
@@ -173,7 +173,7 @@ def test_identical_tokenizers_equal_the_same_tokenizer_path_exactly(cache, step)
 def test_another_tokenizer_against_a_plain_forward_of_each_call(cache, step):
     """Each call's shares sum to the teacher's log-prob of the response, computed here by one
     plain forward of the teacher over the view's tokens (no packing), at the call's temperature."""
-    from memopd.learn.teacher import CrossTokenizerTeacher
+    from memopd.learn.teachers import CrossTokenizerTeacher
 
     eps, batch, tok = step
     teacher, t_tok = models.load("tiny-teacher-bpe1k", cache_dir=cache)
@@ -308,8 +308,8 @@ def test_chunk_starts_by_hand(toks):
 
 
 def test_identical_tokenizers_topk_equals_the_same_tokenizer_path_exactly(cache, step):
-    from memopd.estimators import teacher_targets
-    from memopd.learn.teacher import CrossTokenizerTeacher, LocalTeacher
+    from memopd.learn.estimators import teacher_targets
+    from memopd.learn.teachers import CrossTokenizerTeacher, LocalTeacher
 
     eps, batch, tok = step
     teacher, t_tok = models.load("tiny-teacher", cache_dir=cache)
@@ -325,7 +325,7 @@ def test_another_tokenizer_topk_against_a_plain_forward_of_each_call(cache, step
     tokens: at the first student token of a chunk, the teacher's k most likely tokens in the state
     before the chunk's first teacher token; the student-to-teacher map against one built here from
     the two tokenizers' own calls; the supervised actions exactly those that start a chunk."""
-    from memopd.learn.teacher import CrossTokenizerTeacher
+    from memopd.learn.teachers import CrossTokenizerTeacher
 
     eps, batch, tok = step
     teacher, t_tok = models.load("tiny-teacher-bpe1k", cache_dir=cache)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memopd import losses, train
-from memopd.learn.update import teacher_logprobs
+from memopd.learn.estimators.full import teacher_logprobs
 from memopd.scoring import ActionStates, token_logprobs
 
 

@@ -5,6 +5,7 @@ checks; :class:`TrainConfig` is their union, so every flag and TOML key is the f
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,11 @@ from agents.records import ROLES
 from agents.registry import agent_names as _agent_names
 from memopd import distributed, losses
 from memopd.config import ConfigError, TrainingOptions, field
-from memopd.estimators import ESTIMATORS, SAMPLED_KINDS
+from memopd.learn.estimators import BUILTIN, OPTION_SLICES, REGISTRY, SampledOptions, TopKOptions, estimator_options
+from memopd.learn.registry import SpecError
+from memopd.learn.plugin import resolve_plugin
+from memopd.learn.teachers import check_served, run_needs
+from memopd.learn.teachers.served import ServedTeacherOptions
 from memopd.lora import LoRAOptions
 from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.plugins.async_ray import AsyncOptions
@@ -113,21 +118,16 @@ class ObjectiveOptions:
     opd_divergence: str = field("auto", help="distillation divergence: rkl = KL(student || teacher) (MemOPD's), "
                                              "fkl, jsd; auto = fkl for a tiny-preset student learnt from scratch, "
                                              "rkl for any other model", choices=("auto", *losses.DIVERGENCES))
-    opd_estimator: str = field("full", help="how the divergence is estimated at each supervised token: full (the "
-                                            "whole vocabulary, exact), topk (the teacher's --opd-topk most likely "
-                                            "tokens plus one tail bucket: a lower bound, 2k numbers a token), "
-                                            "sampled (the reverse KL's k1 / k3 of the log-ratio at the sampled token, "
-                                            "or the forward KL's importance-weighted estimate with --opd-divergence "
-                                            "fkl: one teacher log-prob a token; see --opd-sampled, --opd-sampled-as)",
-                               choices=ESTIMATORS)
-    opd_topk: int = field(20, help="topk estimator: the teacher's most likely tokens kept per action",
-                          range=(1, None))
-    opd_sampled: str = field("k3", help="sampled estimator of the reverse KL: k1 (log r) or k3 ((1/r - 1) + log r, "
-                                        "never negative), r = p_student / p_teacher at the sampled token (the "
-                                        "forward KL has one form)", choices=SAMPLED_KINDS)
-    opd_sampled_as: str = field("loss", help="sampled estimator: a loss (value the estimate, gradient the score "
-                                             "function's) or a dense per-token advantage -lambda * log r added to "
-                                             "PPO's (the Tinker cookbook's form)", choices=("loss", "advantage"))
+    opd_estimator: str = field("full", help=lambda: (
+        "how the divergence is estimated at each supervised token: full (the whole vocabulary, exact), topk (the "
+        "teacher's --opd-topk most likely tokens plus one tail bucket: a lower bound, 2k numbers a token), sampled "
+        "(the reverse KL's k1 / k3 of the log-ratio at the sampled token, or the forward KL's importance-weighted "
+        "estimate with --opd-divergence fkl: one teacher log-prob a token; see --opd-sampled, --opd-sampled-as), "
+        "an installed estimator (" + (", ".join(n for n in REGISTRY.names() if n not in BUILTIN) or "none") +
+        "), or module:Class, an Estimator subclass (e.g. examples.gkd:GeneralizedJSD)"), names=REGISTRY.names)
+    opd_estimator_kwargs: dict = field(default_factory=dict,
+                                       help="an option of an --opd-estimator given as module:Class or installed "
+                                            "(repeatable): KEY=VALUE for a field of its Options dataclass")
     teacher_context: str = field("aligned", help="teacher scoring context: aligned (MemOPD) or persistent "
                                                  "(flattened history, the control)", choices=("aligned", "persistent"))
     teacher_mask: str = field("both", help="which action tokens the teacher supervises",
@@ -147,52 +147,37 @@ class ObjectiveOptions:
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
-        if self.opd_estimator == "sampled" and self.opd_divergence == "jsd":
-            raise ConfigError("--opd-estimator sampled estimates the reverse or the forward KL (--opd-divergence rkl "
-                              "or fkl), not jsd; use --opd-estimator full or topk for it")
+        self._check_estimator()
+
+    def _check_estimator(self) -> None:
+        """``--opd-estimator`` names an estimator that estimates ``--opd-divergence`` and takes its
+        ``--opd-estimator-kwarg`` options."""
+        try:
+            cls = REGISTRY.resolve(self.opd_estimator)
+        except SpecError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.opd_divergence != "auto" and self.opd_divergence not in cls.divergences:
+            others = [n for n in BUILTIN if self.opd_divergence in REGISTRY.resolve(n).divergences]
+            raise ConfigError(f"--opd-estimator {self.opd_estimator} estimates {_divergences(cls.divergences)} "
+                              f"(--opd-divergence {' or '.join(cls.divergences)}), not {self.opd_divergence}; use "
+                              f"--opd-estimator {' or '.join(others)} for it")
+        if self.opd_estimator_kwargs and cls.Options in OPTION_SLICES:
+            raise ConfigError(f"--opd-estimator-kwarg: the built-in estimator {self.opd_estimator} takes its options "
+                              "as flags of their own (see --help-all)")
+        if self.opd_estimator_kwargs:
+            known = {f.name for f in dataclasses.fields(cls.Options)} if cls.Options else set()
+            unknown = sorted(set(self.opd_estimator_kwargs) - known)
+            if unknown:
+                raise ConfigError(f"--opd-estimator-kwarg {unknown[0]}: --opd-estimator {self.opd_estimator} does not "
+                                  f"take it (its options: {', '.join(sorted(known)) or 'none'})")
+            estimator_options(cls, self)
 
 
-@dataclass
-class ServedTeacherOptions:
-    """A teacher behind a server (--teacher URL)"""
-
-    teacher_model: str | None = field(None, help="served teacher: the model's name on the server (default: the "
-                                                 "first it lists)")
-    teacher_concurrency: int = field(8, help="served teacher: requests in flight at once", range=(1, None))
-    teacher_retries: int = field(4, help="served teacher: attempts after a connection error or timeout, with "
-                                         "backoff 0.5 s, 1 s, 2 s, ...", range=(0, None))
-    teacher_timeout: float = field(120.0, help="served teacher: seconds a request may take", range=(1.0, None))
-    teacher_audit_model: str | None = field(None, help="served teacher: a local copy of the served model (a model "
-                                                       "spec); at start the probe's log-probs, then at the first and "
-                                                       "every --audit-every step the served log-probs of the step's "
-                                                       "first calls, are checked against its forward of each call "
-                                                       "alone (audit/teacher_max_abs_diff)")
-    teacher_audit_tolerance: float = field(1e-4, help="served teacher: the largest |served - copy| log-prob the "
-                                                      "audit passes; past it the run stops before the step's update",
-                                           range=(0.0, None))
-    teacher_audit_warn_only: bool = field(False, help="served teacher: a failed audit warns and training goes on "
-                                                      "(default: it stops the run)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()  # type: ignore[misc]
-        from memopd.learn.remote_teacher import is_url
-
-        cfg: Any = self
-        if cfg.teacher_audit_model and not is_url(cfg.teacher):
-            raise ConfigError(f"--teacher-audit-model {cfg.teacher_audit_model}: it audits a served teacher "
-                              "(--teacher URL); a local teacher is scored in this process, audited by --audit-every")
-        if not (is_url(cfg.teacher) and cfg.opd_coef > 0):
-            return
-        if cfg.opd_estimator == "full":
-            raise ConfigError(f"--teacher {cfg.teacher}: a server returns the top tokens of each position, not the "
-                              "whole distribution; pass --opd-estimator topk (with --opd-topk, at most the server's "
-                              "--max-logprobs) or sampled")
-        if cfg.teacher_context != "aligned":
-            raise ConfigError(f"--teacher {cfg.teacher}: a served teacher scores each call in its own state "
-                              "(--teacher-context aligned); the persistent control needs a local teacher")
-        if cfg.prune_opd:
-            raise ConfigError(f"--teacher {cfg.teacher}: --prune-opd compares the teacher's whole distribution with "
-                              "the student's; use a local teacher")
+def _divergences(kinds: tuple[str, ...]) -> str:
+    """``("rkl", "fkl")`` -> ``the reverse or the forward KL``."""
+    if set(kinds) <= {"rkl", "fkl"}:
+        return " or ".join(f"the {'reverse' if k == 'rkl' else 'forward'}" for k in kinds) + " KL"
+    return " or ".join(kinds)
 
 
 @dataclass
@@ -295,12 +280,20 @@ class PluginOptions:
 
 @dataclass
 class TrainConfig(PluginOptions, AsyncOptions, StalenessOptions, PruneOPDOptions, FreshnessOptions, TurnOPDOptions,
-                  LoggingOptions, ParallelOptions, LoRAOptions, UpdateOptions, ServedTeacherOptions, ObjectiveOptions,
+                  LoggingOptions, ParallelOptions, LoRAOptions, UpdateOptions, ServedTeacherOptions, SampledOptions,
+                  TopKOptions, ObjectiveOptions,
                   RolloutOptions, RunOptions,
                   TrainingOptions):
     """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``; the
     options shared with ``memopd.sft`` (env, model, seed, threads, optimiser, attention) mean the
     same in both."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from memopd.plugins import BUILTIN_PLUGINS
+
+        plugins = [c for c in BUILTIN_PLUGINS if c.enabled(self)] + [resolve_plugin(s) for s in self.plugin]
+        check_served(self, run_needs(self, plugins, distributed.launched_size()))
 
     COMMON_OPTIONS = ("env", "env_kwargs", "model", "teacher", "agent", "steps", "run_dir", "resume", "threads",
                       "seed", "lr", "opd_estimator", "opd_coef", "eval_episodes", "device", "config")

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
+from memopd.learn.needs import Need
+
 if TYPE_CHECKING:
     import torch
 
@@ -128,7 +130,7 @@ class PluginContext:
     world: World
     student: Any
     tokenizer: Any
-    teacher: Any  # memopd.learn.teacher.Teacher, a served teacher, or None
+    teacher: Any  # a memopd.learn.teachers.Teacher, or None
     log: Callable[[str], None]
     run_dir: Path
     options: Any = None  # the plugin's own Options, for a plugin given by --plugin
@@ -144,6 +146,9 @@ class Plugin:
     ``memopd.train``; a ``--plugin``'s: set with ``--plugin-kwarg KEY=VALUE``)."""
     needs_trainer_logprobs: bool = False
     """Set when :meth:`weigh` reads ``WeighContext.trainer_logp`` (a forward pass of its own)."""
+    teacher_needs: ClassVar[tuple[Need, ...]] = ()
+    """What it reads of the teacher beyond the estimator (checked at start against what the teacher
+    provides: :mod:`memopd.learn.needs`)."""
 
     def __init__(self, ctx: PluginContext) -> None:
         self.ctx = ctx

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
-from agents.run_layout import RUN_ADAPTER_DIR, RUN_MODEL_DIR
 from agents.records import Episode, save_episodes
+from agents.run_layout import RUN_ADAPTER_DIR, RUN_MODEL_DIR
 from memopd import checkpoint, distributed
 from memopd import config as cfgmod
 from memopd.audit import RCEAuditHook
@@ -34,17 +34,18 @@ from memopd.config import ConfigError
 from memopd.learn.actor import Actor, Rollout, RolloutLimits
 from memopd.learn.advantage import compute_advantages, episode_rewards, role_masks
 from memopd.learn.env_check import check_env, check_env_settings
-from memopd.lora import checkpoint_view, lora_on, trainable_parameters
+from memopd.learn.estimators import TeacherScores, make_estimator
 from memopd.learn.models import Critic, pad_id, resolve_defaults, resolve_memory_defaults, warm_start_student
 from memopd.learn.options import TrainConfig
 from memopd.learn.plugin import (LossWeights, Plugin, PluginContext, RolloutFn, StepResult, TrainingError,
                                  WeighContext, plugin_options, resolve_plugin)
 from memopd.learn.state import TrainState
-from memopd.learn.teacher import load_teacher
+from memopd.learn.teachers import load_teacher, run_needs
 from memopd.learn.update import PPOUpdate, UpdateInputs
+from memopd.lora import checkpoint_view, lora_on
 from memopd.packing import PackedBatch, pack_episodes
 from memopd.runlog import RunLogger, check_mirrors, mean, plot_curves, read_metrics
-from memopd.runtime import PhaseTimes, adamw, compute_dtype, lr_lambda, peak_rss_mb, prepare_model, set_threads
+from memopd.runtime import PhaseTimes, compute_dtype, peak_rss_mb, prepare_model, set_threads
 from memopd.scoring import ActionStates, action_states
 
 
@@ -78,7 +79,9 @@ class Trainer:
         cfg = self.cfg = resolve_memory_defaults(cfg, self.student, distributed.launched_size())
         prepare_model(self.student, cfg)
         check_env_settings(cfg, self.tokenizer)
-        self.teacher = load_teacher(cfg, self.tokenizer, self.world, log)
+        self.estimator = make_estimator(cfg)
+        needs = run_needs(cfg, self._plugin_classes(), self.world.size)
+        self.teacher = load_teacher(cfg, self.tokenizer, self.world, needs, self.estimator.topk, log)
         # a randomly initialised preset learns the output format first; a real model starts as is
         self.fresh_student = cfg.student_warmup_steps > 0 and cfg.model in TINY_PRESETS and not cfg.resume
         self.ref: torch.nn.Module | None = None
@@ -87,14 +90,8 @@ class Trainer:
         self.actor = Actor(cfg, self.twin, self.tokenizer, self.world)
         self.plugins = self._make_plugins()
         self.collect = self._rollout_chain()
-        # a LoRA student: the adapters only (a full-weight one: every parameter, as parameters() lists them)
-        opt = adamw(trainable_parameters(self.student), self.student, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps,
-                                                                 cfg.lr_floor))
-        critic_opt = (torch.optim.AdamW(trainable_parameters(self.critic), lr=cfg.critic_lr)
-                      if self.critic is not None else None)
-        self.updater = PPOUpdate(cfg, self.world, self.student, self._student_states, opt, sched, self.critic,
-                                 self.critic_fwd, critic_opt)
+        self.updater = PPOUpdate(cfg, self.world, self.student, self._student_states, self.estimator, self.critic,
+                                 self.critic_fwd)
         self.audit = (RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn, strict=False,
                                    tolerance=1e-1 if cfg.dtype == "bfloat16" else None)  # autocast: bf16's bound
                       if cfg.audit_every else None)
@@ -122,11 +119,16 @@ class Trainer:
                                                cfg.device, world)
         return twin
 
-    def _make_plugins(self) -> list[Plugin]:
+    def _plugin_classes(self) -> list[type[Plugin]]:
         """The built-in methods the options switch on, in their order, then the ``--plugin`` ones."""
         from memopd.plugins import BUILTIN_PLUGINS
 
+        return [cls for cls in BUILTIN_PLUGINS if cls.enabled(self.cfg)] + [resolve_plugin(s) for s in self.cfg.plugin]
+
+    def _make_plugins(self) -> list[Plugin]:
         ctx = PluginContext(self.cfg, self.world, self.twin, self.tokenizer, self.teacher, self.log, self.run_dir)
+        from memopd.plugins import BUILTIN_PLUGINS
+
         plugins = [cls(ctx) for cls in BUILTIN_PLUGINS if cls.enabled(self.cfg)]
         for spec in self.cfg.plugin:
             cls = resolve_plugin(spec)
@@ -194,8 +196,7 @@ class Trainer:
         with phase("prepare"):  # the old log-probs' pass where one is needed, the teacher's kept distribution
             inputs = self.updater.prepare(batch, scores, any(p.needs_trainer_logprobs for p in self.plugins))
         with phase("weigh"):
-            weights, plugin_stats = self.weigh(inputs, local, adv.weights, scored=scores is not None,
-                                               supervised=scores.supervised if scores is not None else None)
+            weights, plugin_stats = self.weigh(inputs, local, adv.weights, scores)
         if scores is not None:
             plugin_stats.update(scores.metrics)
         with phase("update"):  # forward + backward of every epoch and minibatch, and the optimizer steps
@@ -215,18 +216,20 @@ class Trainer:
         """The actor's episodes of this step (every rank's), without any plugin's rollout changes."""
         return self.actor.rollout(self.step).episodes
 
-    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], ppo_weights: torch.Tensor, scored: bool = True,
-              supervised: torch.Tensor | None = None) -> tuple[LossWeights, dict[str, float]]:
+    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], ppo_weights: torch.Tensor,
+              scores: TeacherScores | None) -> tuple[LossWeights, dict[str, float]]:
         """The loss weights of the step: the trajectory weights and the teacher mask (less the
         actions the teacher has no target for, ``supervised``), then every plugin's changes in
         order; and the plugins' metrics."""
         batch = inputs.batch
+        supervised = scores.supervised if scores is not None else None
         opd = batch.teacher.float() if supervised is None else batch.teacher.float() * supervised.float()
         weights = LossWeights(ppo_weights, opd)
         lags = torch.tensor([float(self.step - max((i.policy_version for i in e.invocations), default=self.step))
                              for e in local])  # policy versions between each sample's and the one trained
         ctx = WeighContext(self.step, self._progress(), batch, local, lags, self.world, inputs.minibatches,
-                           inputs.teacher_states, inputs.teacher_logp, inputs.trainer_logp, self._student_states, scored)
+                           scores.states if scores is not None else None, scores.logp if scores is not None else None,
+                           inputs.trainer_logp, self._student_states, scores is not None)
         self.student.eval()  # what a plugin reads of the student is the policy before the update
         stats: dict[str, float] = {}
         for plugin in self.plugins:
@@ -260,7 +263,7 @@ class Trainer:
             "action_tokens": int(n_actions),
             "packing_efficiency": 1.0 - (1.0 - n_real / max(1, n_slots)),
             "tokens_per_s": n_real * cfg.ppo_epochs / max(1e-9, learn_s),
-            "rollout_s": rollout_s, "step_s": rollout_s + learn_s, "lr": self.updater.sched.get_last_lr()[0],
+            "rollout_s": rollout_s, "step_s": rollout_s + learn_s, "lr": self.updater.lr,
             **stats,
         }
 
@@ -344,23 +347,18 @@ class Trainer:
         row's write never duplicates or loses it. Under torchrun every rank writes its shards
         (a Distributed Checkpoint, :func:`memopd.checkpoint.save_sharded`)."""
         self.state.plugins = {p.name: p.state_dict() for p in self.plugins}
-        common = {"scheduler": self.updater.sched.state_dict(), "train_state": self.state.to_dict()}
+        update = self.updater.state_dict()
+        common = {"scheduler": update.pop("scheduler"), "train_state": self.state.to_dict()}
         if self.world.enabled:
             return checkpoint.save_sharded(self.run_dir, self.step, self.sharded_state(), common, self.world,
                                            keep=self.cfg.keep_checkpoints)
-        critic_opt = self.updater.critic_opt
-        state = {"optimizer": self.updater.opt.state_dict(),
-                 "critic_optimizer": critic_opt.state_dict() if critic_opt else None,
-                 "rng": checkpoint.rng_state(), **common}
+        state = {**update, "rng": checkpoint.rng_state(), **common}
         return checkpoint.save(self.run_dir, self.step, self.modules(), state, keep=self.cfg.keep_checkpoints)
 
     def sharded_state(self) -> distributed.ShardedState:
         """The models and optimizers as Distributed Checkpoint saves and loads them."""
-        optimizers = {"optimizer": (self.student, self.updater.opt)}
-        if self.updater.critic_opt is not None:
-            optimizers["critic_optimizer"] = (self.critic, self.updater.critic_opt)
         models = {k: getattr(m, "module", m) for k, m in self.modules().items()}
-        return distributed.ShardedState(models, optimizers, trainable_only=lora_on(self.cfg))
+        return distributed.ShardedState(models, self.updater.optimizers(), trainable_only=lora_on(self.cfg))
 
     def log_row(self, metrics: dict[str, Any], save: bool = False) -> None:
         """Record a metrics row of the current step; with ``save``, checkpoint first (row included)."""
@@ -377,16 +375,12 @@ class Trainer:
         whole = {k: distributed.FullState(m) if self.world.enabled and k != "ref" else m
                  for k, m in self.modules().items()}
         state, path = checkpoint.load_latest(self.run_dir, whole, self.sharded_state(), self.world.rank)
-        if state["format"] == "safetensors":  # one-process layout: whole optimizer state, one RNG state
-            for opt, saved in [(self.updater.opt, state["optimizer"]),
-                               (self.updater.critic_opt, state.get("critic_optimizer"))]:
-                if opt is not None and saved:
-                    distributed.load_full_optimizer_state(opt, saved)
+        if state["format"] == "safetensors":  # one-process layout: one RNG state
             rngs = state.get("rng_ranks") or [state["rng"]]  # gathered by rank 0 in earlier versions
             state["rng"] = rngs[self.world.rank % len(rngs)]
         checkpoint.set_rng_state(state["rng"])
         distributed.sync_twin(self.student, self.twin)
-        self.updater.sched.load_state_dict(state["scheduler"])
+        self.updater.load_state_dict(state)
         self.state = TrainState.from_checkpoint(state)
         self.state.step = state["step"]
         for plugin in self.plugins:
@@ -445,14 +439,11 @@ class Trainer:
             warm_start_student(self.twin, self.tokenizer, cfg, self.log)
             distributed.publish_twin(self.twin, self.student, self.world)
         self._make_ref()
-        if self.teacher is not None and self.teacher.model is None:
-            self.log(f"teacher: served at {self.cfg.teacher} (not evaluated here; evaluate it with memopd.eval "
-                     "--backend openai)")
-        elif self.teacher is not None:
-            # on hf: a second in-process vLLM engine would tear down the student engine's state when freed
-            judge = Actor(dataclasses.replace(cfg, backend="hf"), self.teacher.model, self.teacher.tokenizer,
-                          self.world)
-            self.state.eval_teacher = judge.evaluate()
+        # on hf: a second in-process vLLM engine would tear down the student engine's state when freed
+        judge = lambda model, tokenizer: Actor(dataclasses.replace(cfg, backend="hf"), model, tokenizer,  # noqa: E731
+                                               self.world)
+        self.state.eval_teacher = self.teacher.evaluate(judge, self.log) if self.teacher is not None else None
+        if self.state.eval_teacher is not None:
             self.log(f"teacher held-out: F1 {self.state.eval_teacher['f1']:.3f}  "
                      f"EM {self.state.eval_teacher['em']:.3f}  ({cfg.eval_episodes} test episodes)")
         self.state.eval_before = self.actor.evaluate()
@@ -518,8 +509,7 @@ class Trainer:
     def _audit_teacher(self) -> dict[str, Any]:
         """A served teacher with a local copy (``--teacher-audit-model``): its log-probs of the
         step's first calls against the copy's forward of each call alone."""
-        check = getattr(self.teacher, "audit", None)
-        res = check() if check is not None else None
+        res = self.teacher.audit() if self.teacher is not None else None
         if res is None:
             return {}
         if not res["passed"]:

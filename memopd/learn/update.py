@@ -6,13 +6,16 @@ For each minibatch (an optimizer step)::
 
 ``L_PPO`` is the clipped surrogate with the trajectory weights (masked mean), ``H`` the entropy
 with the same weights, ``L_OPD`` the masked mean of the divergence to the teacher with the
-distillation weights, estimated by ``--opd-estimator`` (:mod:`memopd.estimators`: the full
-vocabulary, the teacher's top-k plus a tail bucket, or k1 / k3 at the sampled token, as a loss or
-as a per-token advantage); with GAE a critic regresses on the returns (``--vf-coef``).
+distillation weights, as the run's estimator (:mod:`memopd.learn.estimators`) computes it; an
+estimator may instead give a per-token advantage that PPO optimises. With GAE a critic regresses
+on the returns (``--vf-coef``).
 
 Under torchrun the loss is global: each rank's masked means are rescaled from its own normalisers
 (trajectory weights, teacher tokens) to the sums over all ranks, and its loss is multiplied by the
 world size because data-parallel gradients are averaged; one process rescales by exactly 1.
+
+:class:`PPOUpdate` owns the student's (and the critic's) optimizer and the learning-rate schedule,
+and their checkpoint state (:meth:`PPOUpdate.state_dict`).
 """
 
 from __future__ import annotations
@@ -23,72 +26,86 @@ from typing import Any, Callable, Sequence
 import torch
 
 from agents.records import ROLES
-from memopd import distributed, estimators, losses
-from memopd.estimators import TeacherScores
+from memopd import distributed, losses
 from memopd.learn.advantage import Advantages
+from memopd.learn.estimators.base import Estimator, TeacherScores
 from memopd.learn.plugin import LossWeights
+from memopd.lora import trainable_parameters
 from memopd.packing import PackedBatch
 from memopd.runlog import mean
-from memopd.runtime import PhaseTimes
+from memopd.runtime import PhaseTimes, adamw, lr_lambda
 from memopd.scoring import ActionStates, token_logprobs
 
 
 @dataclass
 class UpdateInputs:
-    """What the epochs read besides the weights: the minibatches, the teacher's states (and its
-    kept log-distribution), the student's log-probs before the update where a pass computed them,
-    and PPO's old log-probs with their importance weights."""
+    """What the epochs read besides the weights: the minibatches, the estimator's targets (what
+    it keeps of the teacher), the student's log-probs before the update where a pass computed
+    them, and PPO's old log-probs with their importance weights."""
 
     batch: PackedBatch
     minibatches: list[PackedBatch]
-    teacher_states: ActionStates | None
-    teacher_logp: torch.Tensor | None
+    targets: Any
     trainer_logp: torch.Tensor | None
     old_logp: torch.Tensor
     is_weights: torch.Tensor | None
-    teacher_top: estimators.TopK | None = None  # --opd-estimator topk: the teacher's top-k at each action
-    teacher_sampled: torch.Tensor | None = None  # --opd-estimator sampled: [N] its log-probs of the sampled tokens
 
 
 class PPOUpdate:
     """The optimizer side of the student (and critic): owns their optimizers and the schedule."""
 
     def __init__(self, cfg: Any, world: distributed.World, student: torch.nn.Module,
-                 student_states: Callable[[PackedBatch], ActionStates], opt: torch.optim.Optimizer,
-                 sched: Any, critic: Any = None, critic_fwd: Any = None, critic_opt: Any = None):
+                 student_states: Callable[[PackedBatch], ActionStates], estimator: Estimator,
+                 critic: Any = None, critic_fwd: Any = None):
         self.cfg, self.world, self.student, self.student_states = cfg, world, student, student_states
-        self.opt, self.sched = opt, sched
+        self.estimator = estimator
+        # a LoRA student: the adapters only (a full-weight one: every parameter, as parameters() lists them)
+        self.opt = adamw(trainable_parameters(student), student, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg.lr_schedule, cfg.warmup_steps,
+                                                                           cfg.steps, cfg.lr_floor))
+        self.critic, self.critic_fwd = critic, critic_fwd
+        self.critic_opt = (torch.optim.AdamW(trainable_parameters(critic), lr=cfg.critic_lr)
+                           if critic is not None else None)
         self.phases = PhaseTimes()  # the trainer gives each step its own
-        self.critic, self.critic_fwd, self.critic_opt = critic, critic_fwd, critic_opt
+
+    @property
+    def lr(self) -> float:
+        return self.sched.get_last_lr()[0]
+
+    # -- checkpoint state ----------------------------------------------------------------------
+    def optimizers(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """The optimizers by their checkpoint key, each with the model it steps."""
+        out = {"optimizer": (self.student, self.opt)}
+        if self.critic_opt is not None:
+            out["critic_optimizer"] = (self.critic, self.critic_opt)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizers' whole state (one process) and the schedule's."""
+        return {"optimizer": self.opt.state_dict(),
+                "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt else None,
+                "scheduler": self.sched.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The schedule, and the optimizers' whole state when the checkpoint holds it (a sharded one
+        restored them with the models)."""
+        for key, (_, opt) in self.optimizers().items():
+            if state.get(key):
+                distributed.load_full_optimizer_state(opt, state[key])
+        self.sched.load_state_dict(state["scheduler"])
 
     # -- before the epochs ----------------------------------------------------------------------
     def prepare(self, batch: PackedBatch, scores: TeacherScores | None,
                 need_trainer_logp: bool = False) -> UpdateInputs:
-        """Minibatches, the teacher's kept distribution, and the student's log-probs before the
-        update: in a pass of their own when PPO needs them as its old log-probs, when minibatches
-        would update between them, or when a plugin reads them; else from epoch 0."""
+        """Minibatches, the estimator's targets, and the student's log-probs before the update: in
+        a pass of their own when PPO needs them as its old log-probs, when minibatches would update
+        between them, or when a plugin reads them; else from epoch 0."""
         cfg = self.cfg
         minibatches = distributed.row_groups(batch, cfg.minibatches, self.world)
         trainer_logp = self.trainer_logprobs(minibatches, batch.num_actions) \
             if cfg.old_logprobs == "recompute" or len(minibatches) > 1 or need_trainer_logp else None
         old_logp, is_w = self.old_logprobs(batch, trainer_logp)
-        teacher_states = scores.states if scores is not None else None
-        inputs = UpdateInputs(batch, minibatches, teacher_states, None, trainer_logp, old_logp, is_w)
-        if scores is not None and teacher_states is None:  # a served teacher: what it returned
-            inputs.teacher_top, inputs.teacher_sampled = (scores.top, None) if cfg.opd_estimator == "topk" \
-                else (None, scores.sampled)
-            return inputs
-        if teacher_states is None:
-            return inputs
-        if cfg.opd_estimator == "full":
-            inputs.teacher_logp = teacher_logprobs(teacher_states, cfg)
-        elif cfg.opd_estimator == "topk":
-            inputs.teacher_top = estimators.teacher_targets(teacher_states, batch.action_ids, "topk", cfg.opd_topk,
-                                                            cfg.kl_chunk)
-        else:
-            inputs.teacher_sampled = estimators.teacher_targets(teacher_states, batch.action_ids, "sampled", 0,
-                                                                cfg.kl_chunk)
-        return inputs
+        return UpdateInputs(batch, minibatches, self.estimator.prepare(scores, batch), trainer_logp, old_logp, is_w)
 
     @torch.no_grad()
     def trainer_logprobs(self, minibatches: Sequence[PackedBatch], num_actions: int) -> torch.Tensor:
@@ -125,15 +142,15 @@ class PPOUpdate:
         kl_parts: dict[str, list[tuple[float, float]]] = {f"kl/{r}": [] for r in ("all", *ROLES)}
         skipped = 0
         trainer_logp = inp.trainer_logp
-        if self._kl_advantage() and inp.teacher_sampled is not None:  # the sampled reverse KL as a dense
-            # advantage: PPO optimises it
-            kl_adv = estimators.sampled_advantage(batch.old_logprobs, inp.teacher_sampled,
-                                                   cfg.opd_divergence) * weights.opd
-            adv = Advantages(adv.advantages + cfg.opd_coef * kl_adv, adv.weights, adv.values, adv.returns)
+        dense = self.estimator.advantage(batch, inp.targets)  # the divergence as a dense advantage: PPO optimises it
+        if dense is not None:
+            adv = Advantages(adv.advantages + cfg.opd_coef * (dense * weights.opd), adv.weights, adv.values,
+                             adv.returns)
+        ppo = cfg.reward != "none" or dense is not None
         self.student.train()
         for epoch in range(cfg.ppo_epochs):
             for mb in inp.minibatches:
-                stats, parts = self._minibatch(mb, inp, adv, weights)
+                stats, parts = self._minibatch(mb, inp, adv, weights, ppo)
                 for part, logp, div in parts:
                     if trainer_logp is None or (epoch == 0 and len(inp.minibatches) == 1 and
                                                 inp.trainer_logp is None):
@@ -166,7 +183,7 @@ class PPOUpdate:
             out.update(self.mismatch(trainer_logp, batch.old_logprobs, inp.is_weights))
         return out, token_kl
 
-    def _minibatch(self, mb: PackedBatch, inp: UpdateInputs, adv: Advantages, weights: LossWeights
+    def _minibatch(self, mb: PackedBatch, inp: UpdateInputs, adv: Advantages, weights: LossWeights, ppo: bool
                    ) -> tuple[dict[str, float] | None, list[tuple[PackedBatch, torch.Tensor, torch.Tensor | None]]]:
         """One optimizer step on a minibatch, its gradient accumulated over ``--micro-batch-rows``
         row groups (each one's loss its share of the minibatch's masked means); its stats (each
@@ -178,15 +195,13 @@ class PPOUpdate:
         w_sum, t_sum = float(weights.ppo_base[uid].sum()), float(weights.opd_base[uid].sum())
         w_scale, t_scale = distributed.global_scales([w_sum, t_sum], world)
         groups = mb.micro_batches(cfg.micro_batch_rows) if cfg.micro_batch_rows and mb.num_rows > 1 else [mb]
-        self.opt.zero_grad(set_to_none=True)
-        if self.critic_opt is not None:
-            self.critic_opt.zero_grad(set_to_none=True)
+        self._zero_grads()
         parts, sums = [], {}
         for part in groups:
             # the row group's share of the minibatch's normalisers (exactly 1 for one group)
             w_share = float(weights.ppo_base[part.action_uid].sum()) / w_sum if len(groups) > 1 and w_sum > 0 else 1.0
             t_share = float(weights.opd_base[part.action_uid].sum()) / t_sum if len(groups) > 1 and t_sum > 0 else 1.0
-            terms, logp, div = self._part_loss(part, inp, adv, weights, w_scale * w_share, t_scale * t_share)
+            terms, logp, div = self._part_loss(part, inp, adv, weights, w_scale * w_share, t_scale * t_share, ppo)
             parts.append((part, logp, div))
             loss, vloss = terms["loss"], terms.get("value_loss")
             if distributed.any_rank(not torch.isfinite(loss) or (vloss is not None and not torch.isfinite(vloss)),
@@ -211,20 +226,21 @@ class PPOUpdate:
         return {**dict(zip(sums, totals)), "grad_norm": float(gnorm)}, parts
 
     def _part_loss(self, part: PackedBatch, inp: UpdateInputs, adv: Advantages, weights: LossWeights,
-                   w_scale: float, t_scale: float) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor | None]:
+                   w_scale: float, t_scale: float, ppo: bool
+                   ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor | None]:
         """The loss terms of a row group, each its part of the minibatch's (and every rank's) mean."""
         cfg, uid = self.cfg, part.action_uid
         w, tmask = weights.ppo[uid], weights.opd[uid]
         w_norm, t_norm = weights.ppo_base[uid], weights.opd_base[uid]
-        logp, ent, div = self._terms(part, inp)
-        if cfg.reward != "none" or (self._kl_advantage() and inp.teacher_sampled is not None):
+        logp, ent, div = self.estimator.terms(self.student_states(part), part, inp.targets)
+        if ppo:
             pg, pg_stats = losses.ppo_policy_loss(logp, inp.old_logp[uid], adv.advantages[uid], w, cfg.clip_eps,
                                                   None if inp.is_weights is None else inp.is_weights[uid], norm=w_norm)
         else:
             pg, pg_stats = logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}
         pg = pg * w_scale
         entropy = losses.masked_mean(ent, w, w_norm) * w_scale
-        opd = (losses.masked_mean(div, tmask, t_norm) * t_scale if div is not None and not self._kl_advantage()
+        opd = (losses.masked_mean(div, tmask, t_norm) * t_scale if div is not None and self.estimator.as_loss
                else logp.sum() * 0.0)
         terms: dict[str, Any] = {"loss": losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef),
                                  "pg_loss": pg, "opd_loss": opd, "entropy": entropy,
@@ -239,29 +255,6 @@ class PPOUpdate:
         self.opt.zero_grad(set_to_none=True)
         if self.critic_opt is not None:
             self.critic_opt.zero_grad(set_to_none=True)
-
-    def _terms(self, mb: PackedBatch, inp: UpdateInputs
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The student's log-probs of the sampled tokens, its entropy, and the estimated divergence
-        to the teacher at each of a minibatch's actions (None without a teacher)."""
-        cfg, uid = self.cfg, mb.action_uid
-        states = self.student_states(mb)
-        if inp.teacher_top is not None:
-            return estimators.student_terms_topk(states, mb.action_ids, inp.teacher_top.select(uid),
-                                                 cfg.opd_divergence, cfg.kl_chunk)
-        if inp.teacher_sampled is not None:
-            logp, ent, _ = losses.student_terms(states, mb.action_ids, chunk_size=cfg.kl_chunk)
-            t_lp = inp.teacher_sampled[uid].to(logp.device)
-            if self._kl_advantage():  # its value for the metrics; PPO carries the gradient
-                return logp, ent, estimators.sampled_estimate(logp, t_lp, cfg.opd_sampled, cfg.opd_divergence)
-            return logp, ent, estimators.sampled_loss(logp, t_lp, cfg.opd_sampled, cfg.opd_divergence,
-                                                      mb.old_logprobs.to(logp.device))
-        t = inp.teacher_states.select(uid) if inp.teacher_states is not None and inp.teacher_logp is None else None
-        return losses.student_terms(states, mb.action_ids, t, cfg.opd_divergence, cfg.kl_chunk,
-                                    inp.teacher_logp[uid] if inp.teacher_logp is not None else None)
-
-    def _kl_advantage(self) -> bool:
-        return self.cfg.opd_estimator == "sampled" and self.cfg.opd_sampled_as == "advantage"
 
     def mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor,
                  is_w: torch.Tensor | None) -> dict[str, float]:
@@ -278,20 +271,8 @@ class PPOUpdate:
         return out
 
 
-def teacher_logprobs(teacher_states: ActionStates | None, cfg: Any) -> torch.Tensor | None:
-    """The teacher's [N, V] log-distribution of the step, computed once for every PPO epoch when
-    it fits ``--teacher-cache-mb`` (else None: each epoch projects the teacher's states again)."""
-    if teacher_states is None or cfg.ppo_epochs == 1:
-        return None
-    vocab = teacher_states.vocab_size or next(teacher_states.head.lm_head.parameters()).shape[0]
-    if len(teacher_states) * vocab * 4 > cfg.teacher_cache_mb * 2**20:
-        return None
-    return losses.teacher_logprobs(teacher_states, cfg.kl_chunk)
-
-
 def _sum_count(x: torch.Tensor) -> tuple[float, float]:
     return float(x.double().sum()), float(x.numel())
 
 
-
-__all__ = ["PPOUpdate", "UpdateInputs", "teacher_logprobs"]
+__all__ = ["PPOUpdate", "UpdateInputs"]

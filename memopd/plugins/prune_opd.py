@@ -44,6 +44,7 @@ from agents.records import Episode
 from memopd import distributed, losses
 from memopd.config import ConfigError, field
 from memopd.learn.actor import Rollout, RolloutLimits
+from memopd.learn.needs import Need
 from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, StepResult, WeighContext
 from memopd.packing import PackedBatch
 from memopd.runlog import mean
@@ -145,6 +146,9 @@ def is_hit(reliable: int, calls: int, answered: bool, bound: int) -> bool:
 class PruneOPD(Plugin):
     name = "prune_opd"
     Options = PruneOPDOptions
+    teacher_needs = (Need("distribution", "--prune-opd compares the teacher's whole distribution with the student's "
+                          "at every token, so it needs a teacher with the student's vocabulary in this process",
+                          "drop --prune-opd"),)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -174,8 +178,8 @@ class PruneOPD(Plugin):
         drift events, the reliability weights of the distillation terms, and the window's hits.
         Stats over every rank."""
         cfg = self.ctx.cfg
-        if ctx.teacher_states is None and ctx.teacher_logp is None:
-            return {}  # a served teacher: no distributions here to compare
+        if not ctx.scored:
+            return {}  # no teacher (--opd-coef 0): nothing to compare
         batch = ctx.batch
         overlap, fmt, recorded = drift_inputs(ctx, cfg.prune_topk, cfg.prune_format_prob, cfg.kl_chunk)
         low = (overlap < cfg.prune_threshold) & ~fmt

@@ -7,7 +7,7 @@ Each packed invocation becomes one ``/completions`` request whose prompt is the 
 tokens, sent as token ids: its recorded prompt, then the action it sampled. vLLM's
 ``prompt_logprobs`` extension returns, for every prompt position, the log-probs of the ``k`` most
 likely tokens and of the actual one; at the action positions they are exactly what the top-k and
-sampled estimators need (:mod:`memopd.estimators`), in the state the student sampled each action
+sampled estimators need (:mod:`memopd.learn.estimators`), in the state the student sampled each action
 in (every call alone: the aligned context). Nothing is decoded or re-encoded.
 
 - Requests of a step run concurrently (``--teacher-concurrency``); a connection error or timeout
@@ -31,14 +31,16 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 
 from agents.records import Episode, Invocation
-from memopd.config import ConfigError
-from memopd.estimators import TeacherScores, TopK
+from memopd.config import Config, ConfigError, field
+from memopd.learn.estimators.base import TeacherScores, TopK
 from memopd.learn.plugin import TrainingError
+from memopd.learn.teachers.base import Teacher
 from memopd.packing import PackedBatch
 
 PROBE_TEXT = "The capital of France is Paris."
@@ -54,10 +56,42 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-class RemoteTeacher:
+@dataclass
+class ServedTeacherOptions(Config):
+    """A teacher behind a server (--teacher URL)"""
+
+    teacher_model: str | None = field(None, help="served teacher: the model's name on the server (default: the "
+                                                 "first it lists)")
+    teacher_concurrency: int = field(8, help="served teacher: requests in flight at once", range=(1, None))
+    teacher_retries: int = field(4, help="served teacher: attempts after a connection error or timeout, with "
+                                         "backoff 0.5 s, 1 s, 2 s, ...", range=(0, None))
+    teacher_timeout: float = field(120.0, help="served teacher: seconds a request may take", range=(1.0, None))
+    teacher_audit_model: str | None = field(None, help="served teacher: a local copy of the served model (a model "
+                                                       "spec); at start the probe's log-probs, then at the first and "
+                                                       "every --audit-every step the served log-probs of the step's "
+                                                       "first calls, are checked against its forward of each call "
+                                                       "alone (audit/teacher_max_abs_diff)")
+    teacher_audit_tolerance: float = field(1e-4, help="served teacher: the largest |served - copy| log-prob the "
+                                                      "audit passes; past it the run stops before the step's update",
+                                           range=(0.0, None))
+    teacher_audit_warn_only: bool = field(False, help="served teacher: a failed audit warns and training goes on "
+                                                      "(default: it stops the run)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        cfg: Any = self  # composed with the run's options: --teacher is theirs
+        if cfg.teacher_audit_model and not is_url(cfg.teacher):
+            raise ConfigError(f"--teacher-audit-model {cfg.teacher_audit_model}: it audits a served teacher "
+                              "(--teacher URL); a local teacher is scored in this process, audited by --audit-every")
+
+
+class RemoteTeacher(Teacher):
     """Scores a step's invocations on a served model; see the module doc."""
 
-    model = None  # no weights in this process: no held-out evaluation
+    provides = frozenset({"topk", "sampled", "sharded"})  # sharded: no copy of it on any rank
+    lacks = {"distribution": "a server returns the top tokens of each position, not the whole distribution",
+             "persistent": "a server scores each call alone, in its own state"}
+    instead = "a local teacher"
     context = "aligned"
 
     def __init__(self, base_url: str, tokenizer: Any, *, k: int, served_model: str | None = None,
@@ -147,6 +181,11 @@ class RemoteTeacher:
             self.last = (episodes, batch, scores)
         return scores
 
+    def evaluate(self, actor: Callable[[Any, Any], Any], log: Callable[[str], None]) -> None:
+        """No weights here: evaluate the served model with ``memopd.eval --backend openai``."""
+        log(f"teacher: served at {self.url} (not evaluated here; evaluate it with memopd.eval --backend openai)")
+        return None
+
     # -- the audit against a local copy ---------------------------------------------------------
     @torch.no_grad()
     def audit(self, max_calls: int = 8, tolerance: float = 1e-4) -> dict[str, Any] | None:
@@ -195,4 +234,4 @@ class RemoteTeacher:
                                         for tok, v in row.items()} for row in rows]
 
 
-__all__ = ["PROBE_TEXT", "RemoteTeacher", "RemoteTeacherError", "is_url"]
+__all__ = ["PROBE_TEXT", "RemoteTeacher", "RemoteTeacherError", "ServedTeacherOptions", "is_url"]
