@@ -1,5 +1,7 @@
 """The MemOPD objective, term by term:  L_actor = L_PPO - alpha * H + lambda * L_OPD.
 
+(The maths of the training methods beyond it live with each method, in :mod:`memopd.plugins`.)
+
 Every function works on flat tensors over the action tokens of a batch (shape ``[N]``), or on
 hidden states gathered at those tokens (``[N, hidden]``), so the learner never materialises
 ``[all positions, vocab]``. Masks are float weights in ``[0, 1]``; a masked mean divides by
@@ -17,8 +19,6 @@ import torch.nn.functional as F
 from memopd.scoring import ActionStates, map_chunks
 
 DIVERGENCES = ("rkl", "fkl", "jsd")
-OPD_WEIGHTINGS = ("token", "turn", "progressive")
-TURN_SHAPES = ("linear", "cosine")
 
 
 def masked_mean(x: torch.Tensor, weights: torch.Tensor, norm: torch.Tensor | None = None) -> torch.Tensor:
@@ -241,172 +241,6 @@ def student_terms(student: ActionStates, targets: torch.Tensor, teacher: ActionS
     empty = student.hidden.new_zeros(0)
     cat = lambda k: torch.cat([p[k] for p in parts]) if parts else empty  # noqa: E731
     return cat(0), cat(1), (cat(2) if extra else None)
-
-
-# --------------------------------------------------------------------------------------------
-# Which tokens the distillation mean weighs (TurnOPD's turn-normalised loss budgeting)
-# --------------------------------------------------------------------------------------------
-
-def turn_share(weighting: str, progress: float, start: float = 0.0, end: float = 1.0,
-               shape: str = "linear") -> float:
-    """TurnOPD's mixing coefficient alpha at ``progress`` (the fraction of training done): how far
-    the distillation loss has moved from token-level (0) to turn-balanced (1). ``token``: 0
-    throughout; ``turn``: 1 throughout; ``progressive`` (the paper's): ``clip((progress - start) /
-    (end - start), 0, 1)``, or a cosine ease of it (``0.5 * (1 - cos(pi * x))``)."""
-    if weighting not in OPD_WEIGHTINGS:
-        raise ValueError(f"unknown OPD weighting {weighting!r}; choose one of {OPD_WEIGHTINGS}")
-    if weighting != "progressive":
-        return 0.0 if weighting == "token" else 1.0
-    if progress <= start:
-        return 0.0
-    if progress >= end:
-        return 1.0
-    x = (progress - start) / (end - start)
-    return x if shape == "linear" else 0.5 * (1.0 - math.cos(math.pi * x))
-
-
-def turn_blend_weights(token_map: torch.Tensor, supervised: torch.Tensor, alpha: float,
-                       trajectories: float | None = None) -> torch.Tensor:
-    """[N] TurnOPD's blended weights of a step's supervised tokens.
-
-    Within a trajectory ``e`` with ``T_e`` turns that have supervised tokens, ``n_{e,t}`` of them in
-    turn ``t`` and ``N_e`` in all, turn ``t``'s share of the trajectory's loss is
-    ``(1 - alpha) * n_{e,t} / N_e + alpha / T_e`` (the token share, where long turns dominate,
-    blended with the turn share, every turn alike), spread equally over the turn's tokens:
-
-        w_i = ((1 - alpha) / N_e + alpha / (T_e * n_{e,t})) / E
-
-    with ``E`` the trajectories that have supervised tokens, so the weights sum to 1 over the step
-    (the mean over trajectories of each one's blended mean). ``token_map`` [N, 3] names each
-    token's (episode, call, token); ``trajectories``: E over the whole step when this is one
-    rank's share of it."""
-    sup = supervised.float()
-    if not len(sup) or float(sup.sum()) == 0:
-        return sup
-    _, traj = torch.unique(token_map[:, 0], return_inverse=True)
-    _, call = torch.unique(token_map[:, 0] * (int(token_map[:, 1].max()) + 1) + token_map[:, 1], return_inverse=True)
-    n_call = torch.zeros(int(call.max()) + 1).index_add_(0, call, sup)  # n_{e,t}
-    n_traj = torch.zeros(int(traj.max()) + 1).index_add_(0, traj, sup)  # N_e
-    call_traj = torch.zeros(len(n_call), dtype=torch.long).index_copy_(0, call, traj)
-    turns = torch.zeros(len(n_traj)).index_add_(0, call_traj, (n_call > 0).float())  # T_e
-    e = float((n_traj > 0).sum()) if trajectories is None else trajectories
-    w = (1.0 - alpha) / n_traj[traj].clamp_min(1.0) + alpha / (turns[traj] * n_call[call]).clamp_min(1.0)
-    return torch.where(supervised, w / e, 0.0)
-
-
-# --------------------------------------------------------------------------------------------
-# f-OPD: how fresh a buffered sample is
-# --------------------------------------------------------------------------------------------
-
-def episode_drift(trainer_logp: torch.Tensor, behaviour_logp: torch.Tensor, episode: torch.Tensor,
-                  num_episodes: int) -> torch.Tensor:
-    """[E] rollout drift of each episode: the mean over its action tokens of the k3 estimate of
-    KL(behaviour || current), ``(r - 1) - log r`` with ``r = p_current / p_behaviour`` (0 when the
-    two policies agree on the sampled tokens). ``episode`` [N] maps tokens to episodes."""
-    log_r = (trainer_logp - behaviour_logp).double()
-    k3 = torch.expm1(log_r) - log_r
-    total = torch.zeros(num_episodes, dtype=torch.float64).index_add_(0, episode, k3)
-    count = torch.zeros(num_episodes, dtype=torch.float64).index_add_(0, episode, torch.ones_like(k3))
-    return (total / count.clamp_min(1)).float()
-
-
-def context_drift(trainer_logp: torch.Tensor, behaviour_logp: torch.Tensor, token_map: torch.Tensor,
-                  num_episodes: int) -> torch.Tensor:
-    """[E] supervision drift of each episode: the staleness of the contexts its teacher scores in.
-
-    The teacher scores call ``j`` in the state the earlier calls' actions made (the memory they
-    wrote), and those actions were sampled by the old policy. The k3 estimate of
-    KL(behaviour || current) summed over the action tokens of calls ``c < j`` estimates how far the
-    distribution of that context has moved (a sequence's KL is the sum of its tokens'); D_sup is
-    its mean over the episode's calls (0 for one call, or on-policy). ``token_map`` [N, 3] maps
-    tokens to (episode, call, index)."""
-    log_r = (trainer_logp - behaviour_logp).double()
-    k3 = torch.expm1(log_r) - log_r
-    ep, call = token_map[:, 0], token_map[:, 1]
-    calls = int(call.max()) + 1 if len(call) else 1
-    per_call = torch.zeros(num_episodes * calls, dtype=torch.float64).index_add_(0, ep * calls + call, k3)
-    present = torch.zeros(num_episodes * calls, dtype=torch.float64).index_add_(
-        0, ep * calls + call, torch.ones_like(k3)).view(num_episodes, calls) > 0
-    prefix = per_call.view(num_episodes, calls).cumsum(1) - per_call.view(num_episodes, calls)  # calls before j
-    total = (prefix * present).sum(1)
-    return (total / present.sum(1).clamp_min(1)).float()
-
-
-def freshness(lag: torch.Tensor, rollout_drift: torch.Tensor, alpha: float, beta: float = 0.0,
-              supervision_drift: torch.Tensor | None = None) -> torch.Tensor:
-    """[E] f-OPD's freshness of each sample (Eq. 11 of the paper), in (0, 1]:
-
-        f = 1 / (lag + 1) * exp(-(alpha * sqrt(D_roll) + beta * sqrt(D_sup)))
-
-    ``lag`` the optimizer steps since the policy that sampled it, ``rollout_drift`` D_roll (the
-    current policy against that one on its tokens) and ``supervision_drift`` D_sup (how far the
-    contexts the teacher scores in have moved, :func:`context_drift`; None: 0). 1: as fresh as an
-    on-policy sample."""
-    exponent = alpha * rollout_drift.double().clamp_min(0).sqrt()
-    if supervision_drift is not None and beta:
-        exponent = exponent + beta * supervision_drift.double().clamp_min(0).sqrt()
-    return (torch.exp(-exponent) / (lag.double() + 1.0)).float()
-
-
-def freshness_weights(fresh: torch.Tensor, threshold: float) -> torch.Tensor:
-    """[E] f-OPD's sample weights ``max(f - threshold, 0)`` (Eq. 13): samples below the
-    threshold drop out, the others weigh by how far they clear it. Not renormalised: a step whose
-    samples are all stale moves the policy less."""
-    return (fresh - threshold).clamp_min(0.0)
-
-
-def effective_sample_size(weights: torch.Tensor) -> float:
-    """Kish's effective sample size ``(sum w)^2 / sum w^2`` (0 when every weight is 0)."""
-    w = weights.double()
-    sq = float((w * w).sum())
-    return float(w.sum()) ** 2 / sq if sq > 0 else 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# Prune-OPD: where the student's prefix drifts from what the teacher would do
-# --------------------------------------------------------------------------------------------
-
-def topk_overlap(logp_s: torch.Tensor, logp_t: torch.Tensor, k: int) -> torch.Tensor:
-    """[n] the share of the student's k most likely next tokens that are also among the
-    teacher's k most likely (1: the same top-k set, 0: disjoint). Inputs [n, V]."""
-    k = min(k, logp_s.shape[-1])
-    return topk_ids_overlap(logp_s.topk(k, dim=-1).indices, logp_t.topk(k, dim=-1).indices)
-
-
-def topk_ids_overlap(top_s: torch.Tensor, top_t: torch.Tensor) -> torch.Tensor:
-    """[n] ``|S ∩ T| / K`` of two top-K id sets per row (``[n, K]`` each, the same K)."""
-    return (top_s[:, :, None] == top_t[:, None, :]).any(-1).float().mean(-1)
-
-
-def topk_from_states(states: ActionStates, k: int, chunk_size: int = 1024,
-                     logp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k likeliest tokens at each action of ``states`` (or of a kept log-distribution ``logp``
-    [N, V]) and their log-probs, most likely first: ([N, k] long, [N, k] float), no grad."""
-    if logp is not None:
-        vals, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
-        return idx, vals.float()
-
-    def fn(h: torch.Tensor, temp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lp = F.log_softmax(states.logits(h, temp), dim=-1)
-        vals, idx = lp.topk(min(k, lp.shape[-1]), dim=-1)
-        return idx, vals.float()
-
-    with torch.no_grad():
-        parts = map_chunks(fn, (states.hidden.detach(), states.temperatures), chunk_size)
-    if not parts:
-        return torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-
-def reliability(low: torch.Tensor, episode: torch.Tensor, drop: float) -> torch.Tensor:
-    """[N] ``w_t = clip(1 - drop * N_t, 0, 1)``, ``N_t`` the episode's drift events up to and
-    including token t (tokens in call order, each episode's together)."""
-    counts = torch.zeros(len(low), dtype=torch.float64)
-    seen: dict[int, float] = {}
-    for i, (e, b) in enumerate(zip(episode.tolist(), low.tolist())):
-        seen[e] = seen.get(e, 0.0) + float(b)
-        counts[i] = seen[e]
-    return (1.0 - drop * counts).clamp(0.0, 1.0).float()
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

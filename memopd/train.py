@@ -29,8 +29,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 from memgym.cli import fail, run_main
 from memopd import checkpoint, distributed
@@ -38,10 +39,26 @@ from memopd import config as cfgmod
 from memopd.config import ConfigError
 from memopd.learn.env_check import check_env, check_env_settings, needs_oracle
 from memopd.learn.models import MODEL_LR, TINY_LR, default_teacher_dir, ensure_teacher, resolve_defaults
-from memopd.learn.options import TrainConfig
+from memopd.learn import state
+from memopd.learn.options import CoreConfig, PluginOptions, config_slices
 from memopd.learn.plugin import TrainingError
 from memopd.learn.trainer import Trainer
+from memopd.plugins import BUILTIN_PLUGINS
 from memopd.runlog import LoggingSetupError, read_metrics
+
+
+@dataclass
+class TrainConfig(PluginOptions, *config_slices(BUILTIN_PLUGINS), CoreConfig):  # type: ignore[misc]
+    """Everything a MemOPD run needs: the core options, every built-in training method's, and your
+    own plugins'. Every field is a flag: ``opd_coef`` -> ``--opd-coef``."""
+
+    builtin_plugins: ClassVar = BUILTIN_PLUGINS
+
+
+class TrainState(state.TrainState):
+    """The train state of a checkpoint, with the built-in plugins' state in an older layout too."""
+
+    legacy_plugins: ClassVar = BUILTIN_PLUGINS
 
 
 def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
@@ -116,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    distributed.DistributedError, ValueError))
 
 
-__all__ = ["MODEL_LR", "TINY_LR", "TrainConfig", "Trainer", "TrainingError", "check_env_settings", "default_teacher_dir", "ensure_teacher",
+__all__ = ["MODEL_LR", "TINY_LR", "TrainConfig", "TrainState", "Trainer", "TrainingError", "check_env_settings", "default_teacher_dir", "ensure_teacher",
            "main", "needs_oracle", "prepare", "read_metrics", "resolve_defaults"]
 
 

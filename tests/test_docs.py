@@ -132,7 +132,7 @@ def test_mkdocs_nav_lists_every_page():
 
 def test_the_training_guide_names_every_option_group_of_train_help():
     from memopd import config as cfgmod
-    from memopd.learn.options import TrainConfig
+    from memopd.train import TrainConfig
 
     parser = cfgmod.build_parser(TrainConfig, "python -m memopd.train", "")
     titles = [g.title for g in parser._action_groups if g.title not in ("positional arguments", "options")]

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from memopd import losses, train
+from memopd import train
+from memopd.plugins import freshness as fopd
 from memopd.plugins.freshness import fresh_weights
 
 
@@ -18,8 +19,8 @@ def test_episode_drift_is_the_mean_k3_of_its_tokens():
     episode = torch.tensor([0, 0, 1, 1])
     k3 = lambda lr: math.expm1(lr) - lr  # noqa: E731  log r = trainer - behaviour
     want = [(k3(0.0) + k3(-1.0)) / 2, (k3(0.0) + k3(1.0)) / 2]
-    assert losses.episode_drift(trainer_lp, behaviour, episode, 2).tolist() == pytest.approx(want)
-    assert losses.episode_drift(behaviour, behaviour, episode, 2).tolist() == [0.0, 0.0]  # on-policy: no drift
+    assert fopd.episode_drift(trainer_lp, behaviour, episode, 2).tolist() == pytest.approx(want)
+    assert fopd.episode_drift(behaviour, behaviour, episode, 2).tolist() == [0.0, 0.0]  # on-policy: no drift
 
 
 def test_context_drift_is_the_mean_over_calls_of_the_k3_summed_before_each():
@@ -30,33 +31,33 @@ def test_context_drift_is_the_mean_over_calls_of_the_k3_summed_before_each():
     k3 = [math.expm1(x) - x for x in log_r]
     # call 0 sees no earlier action, call 1 sees call 0's two tokens, call 2 sees calls 0 and 1
     want0 = (0.0 + (k3[0] + k3[1]) + (k3[0] + k3[1] + k3[2])) / 3
-    got = losses.context_drift(torch.tensor(log_r), behaviour, token_map, 2)
+    got = fopd.context_drift(torch.tensor(log_r), behaviour, token_map, 2)
     assert got.tolist() == pytest.approx([want0, 0.0])  # a single call's context is the task's alone
-    assert losses.context_drift(behaviour, behaviour, token_map, 2).tolist() == [0.0, 0.0]  # on-policy
+    assert fopd.context_drift(behaviour, behaviour, token_map, 2).tolist() == [0.0, 0.0]  # on-policy
     # calls missing from the batch (cut, or unsupervised) are not averaged over; a gap still counts
     gap = torch.tensor([[0, 0, 0], [0, 2, 0]])
-    assert losses.context_drift(torch.tensor([1.0, 0.0]), torch.zeros(2), gap, 1).tolist() == pytest.approx(
+    assert fopd.context_drift(torch.tensor([1.0, 0.0]), torch.zeros(2), gap, 1).tolist() == pytest.approx(
         [(0.0 + (math.e - 2)) / 2])
 
 
 def test_freshness_is_eq_11_with_both_terms():
     lag, roll = torch.tensor([0.0, 1.0, 3.0]), torch.tensor([0.0, 0.04, 0.25])
     # f = exp(-(alpha sqrt(D_roll) + beta sqrt(D_sup))) / (lag + 1), alpha = 2
-    assert losses.freshness(lag, roll, 2.0).tolist() == pytest.approx(
+    assert fopd.freshness(lag, roll, 2.0).tolist() == pytest.approx(
         [1.0, math.exp(-0.4) / 2, math.exp(-1.0) / 4])
     sup = torch.tensor([0.09, 0.0, 0.01])  # beta = 1: exponents 0.3, 0.4, 1.1
-    assert losses.freshness(lag, roll, 2.0, 1.0, sup).tolist() == pytest.approx(
+    assert fopd.freshness(lag, roll, 2.0, 1.0, sup).tolist() == pytest.approx(
         [math.exp(-0.3), math.exp(-0.4) / 2, math.exp(-1.1) / 4])
-    assert losses.freshness(lag, roll, 0.0).tolist() == pytest.approx([1.0, 0.5, 0.25])  # the lag alone
+    assert fopd.freshness(lag, roll, 0.0).tolist() == pytest.approx([1.0, 0.5, 0.25])  # the lag alone
 
 
 def test_weights_clear_the_threshold_and_their_effective_sample_size():
     f = torch.tensor([1.0, 0.5, 0.25, 0.1])
-    assert losses.freshness_weights(f, 0.2).tolist() == pytest.approx([0.8, 0.3, 0.05, 0.0])
-    assert losses.freshness_weights(f, 0.0).tolist() == pytest.approx(f.tolist())
-    assert losses.effective_sample_size(torch.tensor([1.0, 1.0, 0.0, 0.0])) == pytest.approx(2.0)
-    assert losses.effective_sample_size(torch.tensor([1.0, 0.5])) == pytest.approx(2.25 / 1.25)
-    assert losses.effective_sample_size(torch.zeros(3)) == 0.0
+    assert fopd.freshness_weights(f, 0.2).tolist() == pytest.approx([0.8, 0.3, 0.05, 0.0])
+    assert fopd.freshness_weights(f, 0.0).tolist() == pytest.approx(f.tolist())
+    assert fopd.effective_sample_size(torch.tensor([1.0, 1.0, 0.0, 0.0])) == pytest.approx(2.0)
+    assert fopd.effective_sample_size(torch.tensor([1.0, 0.5])) == pytest.approx(2.25 / 1.25)
+    assert fopd.effective_sample_size(torch.zeros(3)) == 0.0
 
 
 FAST = ["--env", "memgym/LongQA-v0", "--env-kwarg", "num_chunks=2", "--questions-per-step", "2", "--group-size",
@@ -103,7 +104,7 @@ def test_freshness_weights_each_episodes_terms(tmp_path):
     assert torch.allclose(w, want[ep]) and torch.allclose(opd, batch.teacher.float() * want[ep])
     assert stats["fresh/lag"] == 1.5 and stats["fresh/drift"] == 0.0 and stats["fresh/sup_drift"] == 0.0
     assert stats["fresh/score"] == pytest.approx(float((1 / (lags + 1)).mean()))
-    assert stats["fresh/ess"] == pytest.approx(losses.effective_sample_size(want) / 4)
+    assert stats["fresh/ess"] == pytest.approx(fopd.effective_sample_size(want) / 4)
     # both terms, by hand: every student log-prob 0.1 below the behaviour's
     moved = batch.old_logprobs - 0.1
     w, _, stats = fresh_weights(batch, lags, moved, weights, batch.teacher.float(), trainer.cfg)

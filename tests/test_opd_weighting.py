@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memopd import losses, train
+from memopd.plugins import prune_opd, turn_opd
 from memopd.learn.plugin import LossWeights
 
 # trajectory 0: call 0 has 3 supervised tokens, call 1 one (and one unsupervised); trajectory 1:
@@ -24,25 +25,25 @@ SUP = torch.tensor([True, True, True, True, False, True, True])
     (0.5, [(0.5 / 4 + 0.5 / 6) / 2] * 3 + [(0.5 / 4 + 0.5 / 2) / 2, 0, 1 / 4, 1 / 4]),
 ])
 def test_turnopd_blends_token_and_turn_shares_within_each_trajectory(alpha, want):
-    w = losses.turn_blend_weights(TOKENS, SUP, alpha)
+    w = turn_opd.turn_blend_weights(TOKENS, SUP, alpha)
     assert w.tolist() == pytest.approx(want) and float(w.sum()) == pytest.approx(1.0)
     div = torch.tensor([1.0, 2.0, 3.0, 10.0, 99.0, 4.0, 6.0])
     if alpha == 1.0:  # the mean within a turn, over the turns of a trajectory, over trajectories
         assert float((div * w).sum()) == pytest.approx(((2.0 + 10.0) / 2 + 5.0) / 2)
     # one rank's share of a step with 4 trajectories: E comes from the whole step
-    assert losses.turn_blend_weights(TOKENS, SUP, alpha, trajectories=4.0).tolist() == pytest.approx(
+    assert turn_opd.turn_blend_weights(TOKENS, SUP, alpha, trajectories=4.0).tolist() == pytest.approx(
         [x / 2 for x in want])
-    assert losses.turn_blend_weights(TOKENS, torch.zeros(7, dtype=torch.bool), alpha).sum() == 0
+    assert turn_opd.turn_blend_weights(TOKENS, torch.zeros(7, dtype=torch.bool), alpha).sum() == 0
 
 
 def test_progressive_schedule():
-    share = lambda p, shape="linear": losses.turn_share("progressive", p, 0.2, 0.6, shape)  # noqa: E731
+    share = lambda p, shape="linear": turn_opd.turn_share("progressive", p, 0.2, 0.6, shape)  # noqa: E731
     assert [share(p) for p in (0.0, 0.2, 0.3, 0.4, 0.6, 0.9)] == pytest.approx([0, 0, 0.25, 0.5, 1, 1])
     assert share(0.3, "cosine") == pytest.approx(0.5 * (1 - math.cos(math.pi * 0.25)))
-    assert losses.turn_share("progressive", 0.37) == pytest.approx(0.37)  # the paper's s = 0, e = 1: alpha = k / K
-    assert losses.turn_share("token", 0.9) == 0.0 and losses.turn_share("turn", 0.0) == 1.0
+    assert turn_opd.turn_share("progressive", 0.37) == pytest.approx(0.37)  # the paper's s = 0, e = 1: alpha = k / K
+    assert turn_opd.turn_share("token", 0.9) == 0.0 and turn_opd.turn_share("turn", 0.0) == 1.0
     with pytest.raises(ValueError, match="weighting"):
-        losses.turn_share("calls", 0.5)
+        turn_opd.turn_share("calls", 0.5)
 
 
 def test_a_progressive_ramp_that_ends_before_it_starts_is_refused():
@@ -105,15 +106,15 @@ def test_topk_overlap_counts_shared_candidates():
     logp_s = torch.log_softmax(torch.tensor([[5.0, 4.0, 3.0, 0.0, 0.0], [5.0, 4.0, 3.0, 0.0, 0.0]]), -1)
     logp_t = torch.log_softmax(torch.tensor([[3.0, 5.0, 4.0, 0.0, 0.0], [0.0, 0.0, 3.0, 4.0, 5.0]]), -1)
     # row 0: the same top-3 set {0, 1, 2}; row 1: teacher's {2, 3, 4} shares only token 2
-    assert losses.topk_overlap(logp_s, logp_t, 3).tolist() == pytest.approx([1.0, 1 / 3])
-    assert losses.topk_overlap(logp_s, logp_t, 1).tolist() == [0.0, 0.0]
+    assert prune_opd.topk_overlap(logp_s, logp_t, 3).tolist() == pytest.approx([1.0, 1 / 3])
+    assert prune_opd.topk_overlap(logp_s, logp_t, 1).tolist() == [0.0, 0.0]
 
 
 def test_reliability_falls_with_the_episodes_drift_events_so_far():
     # episode 0: 5 tokens in call order, events at 1, 2 and 4; episode 1: an event at its first token
     low = torch.tensor([False, True, True, False, True, True, False])
     episode = torch.tensor([0, 0, 0, 0, 0, 1, 1])
-    w = losses.reliability(low, episode, drop=0.4)  # 1 - 0.4 N_t, at least 0
+    w = prune_opd.reliability(low, episode, drop=0.4)  # 1 - 0.4 N_t, at least 0
     assert w.tolist() == pytest.approx([1.0, 0.6, 0.2, 0.2, 0.0, 0.6, 0.6])
     omega = (w + 0.5) / 1.5  # the weight with floor 0.5
     assert omega.tolist() == pytest.approx([1.0, 1.1 / 1.5, 0.7 / 1.5, 0.7 / 1.5, 1 / 3, 1.1 / 1.5, 1.1 / 1.5])

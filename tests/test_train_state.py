@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memopd.learn.state import TrainState
+from memopd.train import TrainState
 
 
 def test_a_checkpoint_of_the_older_layout_is_read_into_the_typed_state():

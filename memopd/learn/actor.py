@@ -20,6 +20,8 @@ SEED_STRIDE = 1_000_003
 """Env seed of a step's first question: ``seed * SEED_STRIDE + step * questions_per_step``."""
 EVAL_SEED = 10_000
 """Seed of held-out episode 0 (episode g: ``EVAL_SEED + g``)."""
+PRE_TRAINING_STEPS = 1_000_000
+"""A rollout of step -k (made before training) is seeded as step ``PRE_TRAINING_STEPS - k``."""
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,10 @@ class Actor:
 
     def rollout(self, step: int, limits: RolloutLimits = RolloutLimits()) -> Rollout:
         """This rank's share of step ``step``'s questions (every rank's, gathered, under torchrun).
-        Steps -S..-1 are the batches a simulated stale queue starts with, by the initial policy."""
+        A step below 0 is a batch made before training, by the initial policy: it has seeds of its
+        own (those of step ``1_000_000 + step``, which no run reaches)."""
         first, count = self.questions
-        seed_step = step if step >= 0 else 1_000_000 + step
+        seed_step = step if step >= 0 else PRE_TRAINING_STEPS + step
         base = self.cfg.seed * SEED_STRIDE + seed_step * self.cfg.questions_per_step + first
         t0 = time.perf_counter()
         mine = self.sample(base, count, f"step{step}{self.run_tag}", limits, version=max(step, 0))

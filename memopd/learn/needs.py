@@ -33,7 +33,7 @@ CAPABILITIES = ("distribution", "topk", "sampled", "persistent", "sharded")
 @dataclass(frozen=True)
 class Need:
     """A capability of the teacher that something of the run reads: ``why`` says who needs it and
-    what for (one clause), ``instead`` how to do without it (e.g. ``drop --prune-opd``), or a
+    what for (one clause), ``instead`` how to do without it (e.g. ``pass --teacher-context aligned``), or a
     function of the teacher's class that says it (e.g. the estimators that teacher can feed)."""
 
     capability: str

@@ -1,30 +1,28 @@
-"""The options of ``memopd.train``, in slices: each part of the learner (and each built-in method,
-in its own module under :mod:`memopd.plugins`) declares the options it owns, with their help and
-checks; :class:`TrainConfig` is their union, so every flag and TOML key is the field's name, and
-``--help`` shows one group per slice."""
+"""The options of ``memopd.train``, in slices: each part of the learner declares the options it
+owns, with their help and checks (the estimators' and the served teacher's in their modules);
+:class:`CoreConfig` is their union. The command line (:mod:`memopd.train`) adds the slices of the
+registered plugins (:func:`config_slices`) and :class:`PluginOptions`, so every flag and TOML key is
+a field's name, and ``--help`` shows one group per slice. No slice reads another's fields in its
+checks but the core's own; the rules between plugins are the plugins' (:func:`select_plugins`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Sequence
 
 from agents.records import ROLES
 from agents.registry import agent_names as _agent_names
 from memopd import distributed, losses
-from memopd.config import ConfigError, TrainingOptions, field
+from memopd.config import Config, ConfigError, TrainingOptions, field
 from memopd.learn.estimators import BUILTIN, OPTION_SLICES, REGISTRY, SampledOptions, TopKOptions, estimator_options
 from memopd.learn.registry import SpecError
-from memopd.learn.plugin import resolve_plugin
+from memopd.learn.models import MODEL_LR, TINY_LR
+from memopd.learn.plugin import (Plugin, PluginSpecError, check_plugin_kwargs, plugin_options, resolve_plugin,
+                                 select_plugins)
 from memopd.learn.teachers import check_served, run_needs
 from memopd.learn.teachers.served import ServedTeacherOptions
 from memopd.lora import LoRAOptions
-from memopd.learn.models import MODEL_LR, TINY_LR
-from memopd.plugins.async_ray import AsyncOptions
-from memopd.plugins.freshness import FreshnessOptions
-from memopd.plugins.prune_opd import PruneOPDOptions
-from memopd.plugins.staleness import StalenessOptions
-from memopd.plugins.turn_opd import TurnOPDOptions
 
 
 @dataclass
@@ -254,7 +252,20 @@ class LoggingOptions:
 
 
 @dataclass
-class PluginOptions:
+class CoreConfig(LoggingOptions, ParallelOptions, LoRAOptions, UpdateOptions, ServedTeacherOptions, SampledOptions,
+                 TopKOptions, ObjectiveOptions, RolloutOptions, RunOptions, TrainingOptions):
+    """The run's own options: every one but the training methods' (plugins'). Every field is a flag:
+    ``opd_coef`` -> ``--opd-coef``; the options shared with ``memopd.sft`` (env, model, seed, threads,
+    optimiser, attention) mean the same in both. What a plugin reads of the run
+    (``PluginContext.cfg``)."""
+
+    COMMON_OPTIONS = ("env", "env_kwargs", "model", "teacher", "agent", "steps", "run_dir", "resume", "threads",
+                      "seed", "lr", "opd_estimator", "opd_coef", "eval_episodes", "device", "config")
+    """What ``--help`` shows in full; ``--help-all`` shows every option."""
+
+
+@dataclass
+class PluginOptions(Config):
     """Your own training methods"""
 
     plugin: list = field(default_factory=list,
@@ -266,10 +277,13 @@ class PluginOptions:
                                 help="an option of a --plugin (repeatable): KEY=VALUE for a field of its Options "
                                      "dataclass; VALUE is read as a Python literal when it is one")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()  # type: ignore[misc]
-        from memopd.learn.plugin import PluginSpecError, check_plugin_kwargs, plugin_options, resolve_plugin
+    builtin_plugins: ClassVar[tuple[type[Plugin], ...]] = ()
+    """The built-in plugins whose options the config holds as flags (set by the command line)."""
 
+    def __post_init__(self) -> None:
+        """(The first slice of an assembled config: every other has checked itself by now.) The
+        ``--plugin`` specs, the rules between the plugins, and a served teacher's needs."""
+        super().__post_init__()
         try:
             classes = [resolve_plugin(spec) for spec in self.plugin]
             for spec, c in zip(self.plugin, classes):
@@ -277,29 +291,21 @@ class PluginOptions:
             check_plugin_kwargs(classes, self.plugin_kwargs)
         except PluginSpecError as exc:
             raise ConfigError(str(exc)) from None
-
-@dataclass
-class TrainConfig(PluginOptions, AsyncOptions, StalenessOptions, PruneOPDOptions, FreshnessOptions, TurnOPDOptions,
-                  LoggingOptions, ParallelOptions, LoRAOptions, UpdateOptions, ServedTeacherOptions, SampledOptions,
-                  TopKOptions, ObjectiveOptions,
-                  RolloutOptions, RunOptions,
-                  TrainingOptions):
-    """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``; the
-    options shared with ``memopd.sft`` (env, model, seed, threads, optimiser, attention) mean the
-    same in both."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        from memopd.plugins import BUILTIN_PLUGINS
-
-        plugins = [c for c in BUILTIN_PLUGINS if c.enabled(self)] + [resolve_plugin(s) for s in self.plugin]
-        check_served(self, run_needs(self, plugins, distributed.launched_size()))
-
-    COMMON_OPTIONS = ("env", "env_kwargs", "model", "teacher", "agent", "steps", "run_dir", "resume", "threads",
-                      "seed", "lr", "opd_estimator", "opd_coef", "eval_episodes", "device", "config")
-    """What ``--help`` shows in full; ``--help-all`` shows every option."""
+        if isinstance(self, CoreConfig):
+            chosen = select_plugins(type(self).builtin_plugins, self)
+            check_served(self, run_needs(self, [c for c, _ in chosen], distributed.launched_size()))
 
 
-__all__ = ["LoggingOptions", "ObjectiveOptions", "ParallelOptions", "PluginOptions", "RolloutOptions", "RunOptions",
-           "ServedTeacherOptions",
-           "TrainConfig", "UpdateOptions"]
+def config_slices(plugins: Sequence[type[Plugin]]) -> tuple[type, ...]:
+    """The plugins' option slices, as the bases of an assembled config (the first plugin's last, so
+    that its flags follow the core's in ``--help`` and TOML)."""
+    return tuple(reversed([p.Options for p in plugins if p.Options is not None]))
+
+
+def core_config(cfg: CoreConfig) -> CoreConfig:
+    """The run's core options alone, out of an assembled config (what a plugin is given)."""
+    return CoreConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(CoreConfig)})
+
+
+__all__ = ["CoreConfig", "LoggingOptions", "ObjectiveOptions", "ParallelOptions", "PluginOptions", "RolloutOptions",
+           "RunOptions", "ServedTeacherOptions", "UpdateOptions", "config_slices", "core_config"]

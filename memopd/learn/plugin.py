@@ -13,23 +13,27 @@ places of it, and nothing else:
 - **the end of a step**: :meth:`Plugin.end_step` sees the :class:`StepResult` (to adapt its
   state: choose a depth, publish weights) and returns its metrics.
 
-A plugin owns its options (``Options``: a :mod:`memopd.config` dataclass whose fields are flags of
-``memopd.train``, shown in their own ``--help`` group), its metrics and its checkpoint state
-(:meth:`state_dict` / :meth:`load_state_dict`, saved with every checkpoint). The built-in methods
-live in :mod:`memopd.plugins`; a user adds one with ``--plugin module:Class`` or under the
+A plugin owns its options (``Options``: a :mod:`memopd.config` dataclass, read as
+``self.options``; a built-in's fields are flags of ``memopd.train`` in their own ``--help`` group,
+any other's are set with ``--plugin-kwarg``), its metrics and its checkpoint state
+(:meth:`state_dict` / :meth:`load_state_dict`, saved with every checkpoint), and states as data how
+it goes with the others: ``order`` (where it runs), ``requires`` (plugins switched on with it),
+``excludes`` (what it cannot run with, and why) and ``teacher_needs``; :func:`select_plugins`
+checks them in one place. The built-in methods live in :mod:`memopd.plugins` (the command line
+composes their options into its config); a user adds one with ``--plugin module:Class`` or under the
 ``memopd.plugins`` entry-point group (see docs/extend.md, "Extend the learner").
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import sys
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
+from memopd.config import ConfigError
 from memopd.learn.needs import Need
+from memopd.learn.registry import Registry, SpecError, options_of
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +55,7 @@ class TrainingError(RuntimeError):
     message says why and what to do. ``memopd.train`` prints it and exits 1."""
 
 
-class PluginSpecError(ValueError):
+class PluginSpecError(SpecError):
     """A ``--plugin`` spec that names nothing importable, or not a :class:`Plugin`."""
 
 
@@ -122,9 +126,9 @@ class StepResult:
 
 @dataclass
 class PluginContext:
-    """What a plugin is built with: the run's config, the distributed world, the student with whole
-    weights (what rollouts sample), its tokenizer, the teacher (None without one), the log, the
-    run directory, and the step the run starts at."""
+    """What a plugin is built with: the run's config (its core options: no other plugin's), the
+    distributed world, the student with whole weights (what rollouts sample), its tokenizer, the
+    teacher (None without one), the log, the run directory, and the plugin's own options."""
 
     cfg: Any
     world: World
@@ -133,7 +137,7 @@ class PluginContext:
     teacher: Any  # a memopd.learn.teachers.Teacher, or None
     log: Callable[[str], None]
     run_dir: Path
-    options: Any = None  # the plugin's own Options, for a plugin given by --plugin
+    options: Any = None  # the plugin's own Options
 
 
 class Plugin:
@@ -149,14 +153,41 @@ class Plugin:
     teacher_needs: ClassVar[tuple[Need, ...]] = ()
     """What it reads of the teacher beyond the estimator (checked at start against what the teacher
     provides: :mod:`memopd.learn.needs`)."""
+    order: ClassVar[int] = 100
+    """Where it runs among the plugins, lowest first (the first one's rollout wrapper is the
+    outermost, its weights change first); ties keep the order the plugins were given in."""
+    requires: ClassVar[tuple[str, ...]] = ()
+    """Plugins (by name) switched on with this one."""
+    excludes: ClassVar[Mapping[str, str]] = {}
+    """What it cannot run with: a plugin's name or feature (:meth:`features`) -> why, one line."""
 
     def __init__(self, ctx: PluginContext) -> None:
         self.ctx = ctx
 
+    @property
+    def options(self) -> Any:
+        """Its own options (an instance of ``Options``)."""
+        return self.ctx.options
+
     @classmethod
-    def enabled(cls, cfg: Any) -> bool:
-        """Whether a built-in plugin is on for ``cfg`` (its options switch it on)."""
+    def enabled(cls, options: Any) -> bool:
+        """Whether a built-in plugin is on for its ``options`` (a ``--plugin`` one always is)."""
         return True
+
+    @classmethod
+    def features(cls, options: Any) -> set[str]:
+        """What it does with these options, by name (for others' ``excludes``): its name, and any
+        part that can be on or off."""
+        return {cls.name}
+
+    @classmethod
+    def check(cls, options: Any, cfg: Any) -> None:
+        """Refuse (:class:`memopd.config.ConfigError`) what its options cannot do with the run's."""
+
+    @classmethod
+    def legacy_state(cls, saved: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Its state in a checkpoint written before plugins kept their own (None: it had none)."""
+        return None
 
     def start(self, step: int) -> None:
         """The run (fresh or resumed) is about to train from ``step``."""
@@ -184,57 +215,30 @@ class Plugin:
         """Restore what :meth:`state_dict` returned."""
 
 
+REGISTRY = Registry("--plugin", "plugin", ENTRY_POINT_GROUP, Plugin)
+
+
 def resolve_plugin(spec: str) -> type[Plugin]:
     """``module:Class`` (imported from the current directory too, as ``--agent`` is) or a name in
     the ``memopd.plugins`` entry-point group -> the plugin class."""
-    target = spec if ":" in spec else _entry_point(spec)
-    module_name, _, attr = target.partition(":")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))  # examples.my_plugin:MyPlugin from the working directory
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PluginSpecError(f"--plugin {spec}: cannot import {module_name!r} ({exc}); give module:Class "
-                              "importable from the current directory or installed") from None
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, Plugin)):
-        raise PluginSpecError(f"--plugin {spec}: {module_name}.{attr} is not a memopd.learn.plugin.Plugin subclass")
-    if not cls.name:
-        raise PluginSpecError(f"--plugin {spec}: {cls.__name__} has no `name` (a class attribute naming it in "
-                              "metrics and checkpoints)")
-    return cls
-
-
-def _entry_point(name: str) -> str:
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name == name:
-            return entry.value
-    raise PluginSpecError(f"--plugin {name}: no such plugin; give module:Class, or install a package that "
-                          f"registers {name!r} under the {ENTRY_POINT_GROUP!r} entry points")
+        return REGISTRY.resolve(spec)
+    except PluginSpecError:
+        raise
+    except SpecError as exc:
+        raise PluginSpecError(str(exc)) from None
 
 
 def plugin_options(cls: type[Plugin], kwargs: dict[str, Any], spec: str) -> Any:
     """A ``--plugin``'s Options from the ``--plugin-kwarg`` values it declares (None without Options)."""
-    from memopd.config import ConfigError, from_dict
-
-    if cls.Options is None:
-        return None
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(cls.Options)}
     try:
-        return from_dict(cls.Options, {k: v for k, v in kwargs.items() if k in names}, source=f"--plugin {spec}")
+        return options_of(cls, kwargs, f"--plugin {spec}", "--plugin-kwarg")
     except ConfigError as exc:
-        message = str(exc)
-        for name in names:  # its options are --plugin-kwarg values, not flags of their own
-            message = message.replace(f"--{name.replace('_', '-')}=", f"--plugin-kwarg {name}=")
-        raise PluginSpecError(message) from None
+        raise PluginSpecError(str(exc)) from None
 
 
 def check_plugin_kwargs(classes: Sequence[type[Plugin]], kwargs: dict[str, Any]) -> None:
     """Every ``--plugin-kwarg`` must name an option of one of the ``--plugin`` classes."""
-    import dataclasses
-
     known = {f.name for c in classes if c.Options is not None for f in dataclasses.fields(c.Options)}
     unknown = sorted(set(kwargs) - known)
     if unknown:
@@ -242,5 +246,41 @@ def check_plugin_kwargs(classes: Sequence[type[Plugin]], kwargs: dict[str, Any])
                               f"{', '.join(sorted(known)) or 'none'})")
 
 
-__all__ = ["ENTRY_POINT_GROUP", "LossWeights", "Plugin", "PluginContext", "PluginSpecError", "RolloutFn",
-           "StepResult", "TrainingError", "WeighContext", "check_plugin_kwargs", "plugin_options", "resolve_plugin"]
+def select_plugins(builtin: Sequence[type[Plugin]], cfg: Any) -> list[tuple[type[Plugin], Any]]:
+    """The run's plugins with their options, in their order: the built-in ones that their options
+    (read from ``cfg``'s flags) switch on, with what they require, then the ``--plugin`` ones (from
+    ``--plugin-kwarg``). The rules between them (``excludes``) and each one's own checks against the
+    run are applied here, the one place: a broken rule is a :class:`memopd.config.ConfigError`."""
+    options = {c: _flag_options(c, cfg) for c in builtin}
+    on = {c.name: c for c in builtin if c.enabled(options[c])}
+    wanted = list(on.values())
+    while wanted:  # what the switched-on plugins require, and what that requires
+        for name in wanted.pop().requires:
+            if name not in on:
+                on[name] = next(c for c in builtin if c.name == name)
+                wanted.append(on[name])
+    chosen = [(c, options[c]) for c in builtin if c.name in on]
+    chosen += [(c, plugin_options(c, cfg.plugin_kwargs, spec)) for spec, c in
+               ((spec, resolve_plugin(spec)) for spec in cfg.plugin)]
+    chosen.sort(key=lambda pair: pair[0].order)  # stable: ties keep the order given
+    features = {f: c for c, o in chosen for f in c.features(o)}
+    for cls, opts in chosen:
+        for feature, why in cls.excludes.items():
+            if feature in features:
+                raise ConfigError(why)
+        cls.check(opts, cfg)
+    return chosen
+
+
+def _flag_options(cls: type[Plugin], cfg: Any) -> Any:
+    """A built-in plugin's options: its fields of the run's config (its flags)."""
+    if cls.Options is None:
+        return None
+    from memopd.config import from_dict
+
+    return from_dict(cls.Options, {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls.Options)})
+
+
+__all__ = ["ENTRY_POINT_GROUP", "REGISTRY", "LossWeights", "Plugin", "PluginContext", "PluginSpecError", "RolloutFn",
+           "StepResult", "TrainingError", "WeighContext", "check_plugin_kwargs", "plugin_options", "resolve_plugin",
+           "select_plugins"]

@@ -38,9 +38,9 @@ class Registry:
         """``spec`` -> its class, or :class:`SpecError` with one line saying what to give."""
         target = spec if ":" in spec else self.builtin.get(spec) or self._entry_points().get(spec)
         if target is None:
-            raise SpecError(f"{self.flag} {spec}: no such {self.kind}; give module:Class, a built-in name "
-                            f"({', '.join(self.builtin) or 'none'}), or install a package that registers "
-                            f"{spec!r} under the {self.group!r} entry points")
+            builtin = f", a built-in name ({', '.join(self.builtin)})" if self.builtin else ""
+            raise SpecError(f"{self.flag} {spec}: no such {self.kind}; give module:Class{builtin}, or install a "
+                            f"package that registers {spec!r} under the {self.group!r} entry points")
         module_name, _, attr = target.partition(":")
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.insert(0, str(Path.cwd()))  # examples.mine:Mine from the working directory

@@ -3,21 +3,15 @@ scheduler and RNG): a typed record instead of a grab-bag, read back from either 
 
 A checkpoint's trainer state holds ``{"train_state": TrainState.to_dict(), ...}``. Checkpoints
 written before the learner was split into components held the same facts as ``bad_steps``, a
-``history`` dict (the evaluations, ``train_clock``, TurnOPD's ``depth``), ``rows``,
-``stale_queue`` and ``async``; :meth:`TrainState.from_checkpoint` reads them into this record, so
-such a run directory resumes as it is.
+``history`` dict (the evaluations, ``train_clock``), ``rows``, and the plugins' state in keys of
+their own; :meth:`TrainState.from_checkpoint` reads them into this record (each plugin reads its
+own: ``Plugin.legacy_state``), so such a run directory resumes as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
-
-_LEGACY_PLUGIN_STATE = {  # where each built-in plugin's state sat in the older layout
-    "turn_opd": lambda s: {"depth": s.get("history", {}).get("depth")},
-    "staleness": lambda s: {"queue": s.get("stale_queue", [])},
-    "async": lambda s: {"units": s.get("async")},
-}
+from typing import Any, ClassVar, Sequence
 
 
 @dataclass
@@ -37,12 +31,16 @@ class TrainState:
     rows: list[dict[str, Any]] = field(default_factory=list)
     plugins: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    legacy_plugins: ClassVar[Sequence[Any]] = ()
+    """The plugins whose state an older checkpoint may hold in keys of their own."""
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_checkpoint(cls, state: dict[str, Any]) -> TrainState:
-        """The record in a loaded checkpoint's trainer state (``step`` from the checkpoint itself)."""
+    def from_checkpoint(cls, state: dict[str, Any], plugins: Sequence[Any] | None = None) -> TrainState:
+        """The record in a loaded checkpoint's trainer state (``step`` from the checkpoint itself);
+        in the older layout, ``plugins`` (default :attr:`legacy_plugins`) read their own state."""
         if "train_state" in state:
             names = {f.name for f in fields(cls)}
             return cls(**{k: v for k, v in state["train_state"].items() if k in names}, )
@@ -51,7 +49,8 @@ class TrainState:
                    train_clock=history.get("train_clock", 0.0), eval_teacher=history.get("eval_teacher"),
                    eval_before=history.get("eval_before"), eval_after=history.get("eval_after"),
                    eval_after_step=history.get("eval_after_step"), rows=list(state.get("rows", [])),
-                   plugins={name: read(state) for name, read in _LEGACY_PLUGIN_STATE.items()})
+                   plugins={p.name: p.legacy_state(state) for p in (cls.legacy_plugins if plugins is None else plugins)
+                            if p.legacy_state(state) is not None})
 
 
 __all__ = ["TrainState"]

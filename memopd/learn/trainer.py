@@ -5,7 +5,7 @@
 Each phase lives in a module named for it: the rollout worker (:mod:`memopd.learn.actor`),
 packing (:mod:`memopd.packing`), rewards and advantages (:mod:`memopd.learn.advantage`), the
 teacher (:mod:`memopd.learn.teacher`), the update (:mod:`memopd.learn.update`); the training
-methods beyond PPO + OPD are plugins (:mod:`memopd.learn.plugin`, :mod:`memopd.plugins`) that may
+methods beyond PPO + OPD are plugins (:mod:`memopd.learn.plugin`) that may
 limit or replace the rollout, change the loss weights and act at the end of a step. The
 distributed world is a value (:data:`memopd.distributed.SINGLE` in one process), so the step
 reads the same alone and under torchrun.
@@ -36,9 +36,9 @@ from memopd.learn.advantage import compute_advantages, episode_rewards, role_mas
 from memopd.learn.env_check import check_env, check_env_settings
 from memopd.learn.estimators import TeacherScores, make_estimator
 from memopd.learn.models import Critic, pad_id, resolve_defaults, resolve_memory_defaults, warm_start_student
-from memopd.learn.options import TrainConfig
+from memopd.learn.options import CoreConfig, core_config
 from memopd.learn.plugin import (LossWeights, Plugin, PluginContext, RolloutFn, StepResult, TrainingError,
-                                 WeighContext, plugin_options, resolve_plugin)
+                                 WeighContext, select_plugins)
 from memopd.learn.state import TrainState
 from memopd.learn.teachers import load_teacher, run_needs
 from memopd.learn.update import PPOUpdate, UpdateInputs
@@ -53,7 +53,7 @@ class Trainer:
     """One MemOPD run. Construction loads and checks everything (env, student, teacher, env
     options, logging mirrors) before the run directory is touched; :meth:`fit` trains."""
 
-    def __init__(self, cfg: TrainConfig, log=print):
+    def __init__(self, cfg: CoreConfig, log=print):
         from agents.models import load
         from agents.presets import TINY_PRESETS
 
@@ -80,7 +80,8 @@ class Trainer:
         prepare_model(self.student, cfg)
         check_env_settings(cfg, self.tokenizer)
         self.estimator = make_estimator(cfg)
-        needs = run_needs(cfg, self._plugin_classes(), self.world.size)
+        self.chosen = select_plugins(getattr(type(cfg), "builtin_plugins", ()), cfg)  # plugins and their options
+        needs = run_needs(cfg, [c for c, _ in self.chosen], self.world.size)
         self.teacher = load_teacher(cfg, self.tokenizer, self.world, needs, self.estimator.topk, log)
         # a randomly initialised preset learns the output format first; a real model starts as is
         self.fresh_student = cfg.student_warmup_steps > 0 and cfg.model in TINY_PRESETS and not cfg.resume
@@ -119,21 +120,11 @@ class Trainer:
                                                cfg.device, world)
         return twin
 
-    def _plugin_classes(self) -> list[type[Plugin]]:
-        """The built-in methods the options switch on, in their order, then the ``--plugin`` ones."""
-        from memopd.plugins import BUILTIN_PLUGINS
-
-        return [cls for cls in BUILTIN_PLUGINS if cls.enabled(self.cfg)] + [resolve_plugin(s) for s in self.cfg.plugin]
-
     def _make_plugins(self) -> list[Plugin]:
-        ctx = PluginContext(self.cfg, self.world, self.twin, self.tokenizer, self.teacher, self.log, self.run_dir)
-        from memopd.plugins import BUILTIN_PLUGINS
-
-        plugins = [cls(ctx) for cls in BUILTIN_PLUGINS if cls.enabled(self.cfg)]
-        for spec in self.cfg.plugin:
-            cls = resolve_plugin(spec)
-            plugins.append(cls(dataclasses.replace(ctx, options=plugin_options(cls, self.cfg.plugin_kwargs, spec))))
-        return plugins
+        """The plugins the options switch on, in their order, each with the run's core options and its own."""
+        ctx = PluginContext(core_config(self.cfg), self.world, self.twin, self.tokenizer, self.teacher, self.log,
+                            self.run_dir)
+        return [cls(dataclasses.replace(ctx, options=options)) for cls, options in self.chosen]
 
     def _rollout_chain(self) -> RolloutFn:
         """The actor's rollout, wrapped by every plugin (the first plugin's wrapper outermost)."""
@@ -381,7 +372,7 @@ class Trainer:
         checkpoint.set_rng_state(state["rng"])
         distributed.sync_twin(self.student, self.twin)
         self.updater.load_state_dict(state)
-        self.state = TrainState.from_checkpoint(state)
+        self.state = TrainState.from_checkpoint(state, [c for c, _ in self.chosen])
         self.state.step = state["step"]
         for plugin in self.plugins:
             plugin.load_state_dict(self.state.plugins.get(plugin.name, {}))
@@ -398,7 +389,7 @@ class Trainer:
         path = self.run_dir / "config.toml"
         saved = cfgmod.load_toml(path)
         now = cfgmod.to_dict(self.cfg)
-        defaults = cfgmod.to_dict(TrainConfig())
+        defaults = cfgmod.to_dict(type(self.cfg)())
         changed = {k: (saved.get(k), v) for k, v in now.items()
                    if k not in ("resume", "run_dir") and saved.get(k, defaults.get(k)) != v}
         if not changed:

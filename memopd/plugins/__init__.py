@@ -1,7 +1,5 @@
-"""The built-in training methods, each a :class:`memopd.learn.plugin.Plugin` behind the one step.
-
-In the order they are applied (their loss weights multiply in this order; the first one's
-rollout wrapper is the outermost):
+"""The built-in training methods, each a :class:`memopd.learn.plugin.Plugin` behind the one step,
+each wholly in its module (its maths, options, checks, metrics and checkpoint state):
 
 - :mod:`~memopd.plugins.turn_opd` (TurnOPD: turn-level loss budgeting, adaptive rollout depth);
 - :mod:`~memopd.plugins.freshness` (f-OPD: freshness of stale samples);
@@ -9,7 +7,11 @@ rollout wrapper is the outermost):
 - :mod:`~memopd.plugins.staleness` (simulated staleness: train on the batch of S steps before);
 - :mod:`~memopd.plugins.async_ray` (asynchronous rollout workers on Ray).
 
-Each switches itself on from its own options (``Plugin.enabled``).
+Each switches itself on from its own options (``Plugin.enabled``), and says as data where it runs
+(``order``: the list above), what it switches on (``requires``: the stale-sample methods require
+f-OPD's freshness, which logs their lag) and what it cannot run with (``excludes``). The command
+line (:mod:`memopd.train`) composes their options into its config; making a method built-in is
+adding its class here.
 """
 
 from __future__ import annotations

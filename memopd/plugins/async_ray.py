@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memopd import distributed
-from memopd.config import ConfigError, field
+from memopd.config import Config, ConfigError, field
 from memopd.learn.actor import SEED_STRIDE, Actor, Rollout, RolloutLimits
 from memopd.learn.plugin import Plugin, RolloutFn, StepResult, TrainingError
 from memopd.runtime import compute_dtype
@@ -321,7 +321,8 @@ class RolloutPool:
     publishes weights, takes batches, restarts dead workers, and shuts everything down.
 
     Args:
-        cfg: the run's ``TrainConfig`` (``rollout_workers``, ``max_staleness``, ...).
+        cfg: the run's config (the workers' actors are built from it).
+        options: the plugin's :class:`AsyncOptions` (``rollout_workers``, ``max_staleness``, ...).
         model: the student with whole weights (copied to the workers once, on the CPU).
         tokenizer: the student's tokenizer.
         version: the learner's version now (its step: 0, or a resumed step).
@@ -329,9 +330,10 @@ class RolloutPool:
         log: where messages go.
     """
 
-    def __init__(self, cfg: Any, model: Any, tokenizer: Any, version: int, state: dict | None = None, log=print):
+    def __init__(self, cfg: Any, options: AsyncOptions, model: Any, tokenizer: Any, version: int,
+                 state: dict | None = None, log=print):
         self.ray = import_ray()
-        self.cfg, self.log = cfg, log
+        self.cfg, self.options, self.log = cfg, options, log
         self.used = unpack_used(state, version, cfg.questions_per_step)
         self.slots: list[_Slot] = []
         self.restarts, self.next_id, self.closed = 0, 0, False
@@ -340,12 +342,12 @@ class RolloutPool:
         self.started = self._init_ray(nbytes)
         try:
             used = sorted(self.used)
-            self.hub = self.ray.remote(num_cpus=0)(Hub).remote(cfg.questions_per_step, cfg.max_staleness, used)
+            self.hub = self.ray.remote(num_cpus=0)(Hub).remote(cfg.questions_per_step, options.max_staleness, used)
             self.publish(version, model)
             self.model_ref = self.ray.put(_cpu_copy(model))
             self.tokenizer = tokenizer
             self.worker_cls = self.ray.remote(num_cpus=1)(RolloutWorker)
-            for slot in range(cfg.rollout_workers):
+            for slot in range(options.rollout_workers):
                 self.slots.append(self._spawn())
             self.last_produced, self.last_t = 0, time.perf_counter()
         except BaseException:
@@ -359,11 +361,11 @@ class RolloutPool:
         if ray.is_initialized():
             return False
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # offline: no usage reports
-        if self.cfg.ray_address:
-            ray.init(address=self.cfg.ray_address, log_to_driver=True)
+        if self.options.ray_address:
+            ray.init(address=self.options.ray_address, log_to_driver=True)
         else:  # the weights of two versions and a model copy in flight, and room for episodes
             store = max(200 * 2**20, 4 * nbytes + 64 * 2**20)
-            ray.init(num_cpus=self.cfg.rollout_workers + 1, include_dashboard=False, object_store_memory=store,
+            ray.init(num_cpus=self.options.rollout_workers + 1, include_dashboard=False, object_store_memory=store,
                      log_to_driver=True)
         return True
 
@@ -449,9 +451,9 @@ class RolloutPool:
         lost = self._hub(self.hub.release.remote(old.worker_id))
         self.ray.kill(old.actor, no_restart=True)
         self.restarts += 1
-        if self.restarts > self.cfg.max_worker_restarts:
+        if self.restarts > self.options.max_worker_restarts:
             raise RolloutError(f"rollout worker {old.worker_id} died ({why}); {self.restarts} worker deaths in "
-                               f"this run, over --max-worker-restarts {self.cfg.max_worker_restarts}")
+                               f"this run, over --max-worker-restarts {self.options.max_worker_restarts}")
         self.log(f"rollout worker {old.worker_id} died ({why}); {lost} unfinished groups dropped and queued "
                  f"again; starting worker {self.next_id} in its place")
         self.slots[i] = self._spawn()
@@ -498,7 +500,7 @@ def _summary(exc: BaseException) -> str:
 # ------------------------------------------------------------------------------------------------
 
 @dataclass
-class AsyncOptions:
+class AsyncOptions(Config):
     """Asynchronous rollouts on Ray"""
 
     async_rollouts: bool = field(False, help="asynchronous actor-learner mode on Ray (pip install 'memopd[ray]'): "
@@ -516,28 +518,6 @@ class AsyncOptions:
     ray_address: str | None = field(None, help="async rollouts: the Ray cluster to join (ray start ...); default: "
                                                "a local instance started and shut down by the run")
 
-    def __post_init__(self) -> None:
-        super().__post_init__()  # type: ignore[misc]
-        if self.async_rollouts:
-            self._check_async()
-
-    def _check_async(self) -> None:
-        """What ``--async-rollouts`` cannot be combined with, and Ray installed."""
-        cfg: Any = self
-        if cfg.simulated_staleness:
-            raise ConfigError("--async-rollouts and --simulated-staleness exclude each other: the simulation is the "
-                              "synchronous stand-in for asynchronous workers; bound real staleness with "
-                              "--max-staleness")
-        if distributed.launched_size() > 1:
-            raise ConfigError("--async-rollouts runs in one learner process in this version, not under torchrun")
-        if cfg.backend != "hf":
-            raise ConfigError(f"--async-rollouts: the rollout workers sample with transformers (--backend hf), "
-                              f"not --backend {cfg.backend}")
-        if cfg.adaptive_depth:
-            raise ConfigError("--async-rollouts does not support --adaptive-depth yet (the workers roll out full "
-                              "episodes)")
-        if not ray_available():
-            raise ConfigError(f"--async-rollouts needs Ray, which is not installed: {RAY_HINT}")
 
 
 class AsyncRollouts(Plugin):
@@ -547,6 +527,27 @@ class AsyncRollouts(Plugin):
 
     name = "async"
     Options = AsyncOptions
+    order = 50
+    requires = ("freshness",)  # stale samples: their lag and drift are logged
+    excludes = {"staleness": "--async-rollouts and --simulated-staleness exclude each other: the simulation is the "
+                             "synchronous stand-in for asynchronous workers; bound real staleness with --max-staleness",
+                "adaptive_depth": "--async-rollouts does not support --adaptive-depth yet (the workers roll out full "
+                                  "episodes)"}
+
+    @classmethod
+    def check(cls, options: AsyncOptions, cfg: Any) -> None:
+        """One learner process, workers on transformers, and Ray installed."""
+        if distributed.launched_size() > 1:
+            raise ConfigError("--async-rollouts runs in one learner process in this version, not under torchrun")
+        if cfg.backend != "hf":
+            raise ConfigError(f"--async-rollouts: the rollout workers sample with transformers (--backend hf), "
+                              f"not --backend {cfg.backend}")
+        if not ray_available():
+            raise ConfigError(f"--async-rollouts needs Ray, which is not installed: {RAY_HINT}")
+
+    @classmethod
+    def legacy_state(cls, saved: Any) -> dict[str, Any]:
+        return {"units": saved.get("async")}
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -554,13 +555,13 @@ class AsyncRollouts(Plugin):
         self.saved: dict[str, Any] | None = None  # the units used, as checkpointed
 
     @classmethod
-    def enabled(cls, cfg: Any) -> bool:
-        return cfg.async_rollouts
+    def enabled(cls, options: AsyncOptions) -> bool:
+        return options.async_rollouts
 
     def start(self, step: int) -> None:
         if step < self.ctx.cfg.steps:
-            self.pool = RolloutPool(self.ctx.cfg, self.ctx.student, self.ctx.tokenizer, step, self.saved,
-                                    log=self.ctx.log)
+            self.pool = RolloutPool(self.ctx.cfg, self.options, self.ctx.student, self.ctx.tokenizer, step,
+                                    self.saved, log=self.ctx.log)
 
     def wrap_rollout(self, rollout: RolloutFn) -> RolloutFn:
         def take(step: int, limits: RolloutLimits) -> Rollout:

@@ -39,19 +39,66 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from agents.records import Episode
-from memopd import distributed, losses
-from memopd.config import ConfigError, field
+from memopd import distributed
+from memopd.config import Config, ConfigError, field
 from memopd.learn.actor import Rollout, RolloutLimits
 from memopd.learn.needs import Need
 from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, StepResult, WeighContext
 from memopd.packing import PackedBatch
+from memopd.scoring import ActionStates, map_chunks
 from memopd.runlog import mean
 
 
+# -- the maths ------------------------------------------------------------------------------------
+
+def topk_overlap(logp_s: torch.Tensor, logp_t: torch.Tensor, k: int) -> torch.Tensor:
+    """[n] the share of the student's k most likely next tokens that are also among the
+    teacher's k most likely (1: the same top-k set, 0: disjoint). Inputs [n, V]."""
+    k = min(k, logp_s.shape[-1])
+    return topk_ids_overlap(logp_s.topk(k, dim=-1).indices, logp_t.topk(k, dim=-1).indices)
+
+
+def topk_ids_overlap(top_s: torch.Tensor, top_t: torch.Tensor) -> torch.Tensor:
+    """[n] ``|S ∩ T| / K`` of two top-K id sets per row (``[n, K]`` each, the same K)."""
+    return (top_s[:, :, None] == top_t[:, None, :]).any(-1).float().mean(-1)
+
+
+def topk_from_states(states: ActionStates, k: int, chunk_size: int = 1024,
+                     logp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k likeliest tokens at each action of ``states`` (or of a kept log-distribution ``logp``
+    [N, V]) and their log-probs, most likely first: ([N, k] long, [N, k] float), no grad."""
+    if logp is not None:
+        vals, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        return idx, vals.float()
+
+    def fn(h: torch.Tensor, temp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lp = F.log_softmax(states.logits(h, temp), dim=-1)
+        vals, idx = lp.topk(min(k, lp.shape[-1]), dim=-1)
+        return idx, vals.float()
+
+    with torch.no_grad():
+        parts = map_chunks(fn, (states.hidden.detach(), states.temperatures), chunk_size)
+    if not parts:
+        return torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def reliability(low: torch.Tensor, episode: torch.Tensor, drop: float) -> torch.Tensor:
+    """[N] ``w_t = clip(1 - drop * N_t, 0, 1)``, ``N_t`` the episode's drift events up to and
+    including token t (tokens in call order, each episode's together)."""
+    counts = torch.zeros(len(low), dtype=torch.float64)
+    seen: dict[int, float] = {}
+    for i, (e, b) in enumerate(zip(episode.tolist(), low.tolist())):
+        seen[e] = seen.get(e, 0.0) + float(b)
+        counts[i] = seen[e]
+    return (1.0 - drop * counts).clamp(0.0, 1.0).float()
+
+
 @dataclass
-class PruneOPDOptions:
+class PruneOPDOptions(Config):
     """Prune-OPD: drift detection, reliability weights and the rollout window"""
 
     prune_opd: bool = field(False, help="Prune-OPD: count drift events (the student's and the teacher's top-k "
@@ -146,24 +193,25 @@ def is_hit(reliable: int, calls: int, answered: bool, bound: int) -> bool:
 class PruneOPD(Plugin):
     name = "prune_opd"
     Options = PruneOPDOptions
+    order = 30
     teacher_needs = (Need("distribution", "--prune-opd compares the teacher's whole distribution with the student's "
                           "at every token, so it needs a teacher with the student's vocabulary in this process",
                           "drop --prune-opd"),)
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
-        cfg = ctx.cfg
-        self.window = (Window(cfg.prune_window, cfg.prune_window_min, cfg.prune_window_max, cfg.prune_window_step,
-                              cfg.prune_window_margin, cfg.prune_hit_ratio, cfg.prune_shrink_patience)
-                       if cfg.prune_window else None)
+        o = self.options
+        self.window = (Window(o.prune_window, o.prune_window_min, o.prune_window_max, o.prune_window_step,
+                              o.prune_window_margin, o.prune_hit_ratio, o.prune_shrink_patience)
+                       if o.prune_window else None)
         self.pending: tuple[float, float] | None = None  # this step's (hits, episodes), every rank's
 
     @classmethod
-    def enabled(cls, cfg: Any) -> bool:
-        return cfg.prune_opd
+    def enabled(cls, options: PruneOPDOptions) -> bool:
+        return options.prune_opd
 
     def wrap_rollout(self, rollout: RolloutFn) -> RolloutFn:
-        k = self.ctx.cfg.prune_topk
+        k = self.options.prune_topk
 
         def recorded(step: int, limits: RolloutLimits) -> Rollout:
             cap = limits.max_calls
@@ -177,14 +225,14 @@ class PruneOPD(Plugin):
         """The overlap at every action (the student's recorded top-K against the teacher's), the
         drift events, the reliability weights of the distillation terms, and the window's hits.
         Stats over every rank."""
-        cfg = self.ctx.cfg
+        o = self.options
         if not ctx.scored:
             return {}  # no teacher (--opd-coef 0): nothing to compare
         batch = ctx.batch
-        overlap, fmt, recorded = drift_inputs(ctx, cfg.prune_topk, cfg.prune_format_prob, cfg.kl_chunk)
-        low = (overlap < cfg.prune_threshold) & ~fmt
-        w = losses.reliability(low, batch.token_map[:, 0], cfg.prune_drop)
-        weights.opd = weights.opd * (w + cfg.prune_floor) / (1.0 + cfg.prune_floor)
+        overlap, fmt, recorded = drift_inputs(ctx, o.prune_topk, o.prune_format_prob, self.ctx.cfg.kl_chunk)
+        low = (overlap < o.prune_threshold) & ~fmt
+        w = reliability(low, batch.token_map[:, 0], o.prune_drop)
+        weights.opd = weights.opd * (w + o.prune_floor) / (1.0 + o.prune_floor)
         sup = batch.teacher
         calls = [len(e.invocations) for e in ctx.episodes]
         reliable = reliable_calls(w, batch.token_map, len(calls), calls)
@@ -231,9 +279,9 @@ def drift_inputs(ctx: WeighContext, k: int, format_prob: float, chunk: int
     if s_ids is None:
         s_ids, s_lp = torch.zeros(n, k, dtype=torch.long), torch.zeros(n, k)
         for mb in ctx.minibatches:
-            s_ids[mb.action_uid], s_lp[mb.action_uid] = losses.topk_from_states(ctx.student_states(mb), k, chunk)
-    t_ids, t_lp = losses.topk_from_states(ctx.teacher_states, k, chunk, ctx.teacher_logp)  # weigh checked one is there
-    overlap = losses.topk_ids_overlap(s_ids, t_ids)
+            s_ids[mb.action_uid], s_lp[mb.action_uid] = topk_from_states(ctx.student_states(mb), k, chunk)
+    t_ids, t_lp = topk_from_states(ctx.teacher_states, k, chunk, ctx.teacher_logp)  # weigh checked one is there
+    overlap = topk_ids_overlap(s_ids, t_ids)
     fmt = torch.zeros(n, dtype=torch.bool)
     if format_prob > 0:
         fmt = (s_ids[:, 0] == t_ids[:, 0]) & (s_lp[:, 0].exp() >= format_prob) & (t_lp[:, 0].exp() >= format_prob)
@@ -257,4 +305,4 @@ def recorded_topk(episodes: Sequence[Episode], token_map: torch.Tensor, k: int
 
 
 
-__all__ = ["PruneOPD", "PruneOPDOptions", "Window", "drift_inputs", "is_hit", "recorded_topk", "reliable_calls"]
+__all__ = ["PruneOPD", "PruneOPDOptions", "Window", "drift_inputs", "is_hit", "recorded_topk", "reliability", "reliable_calls", "topk_from_states", "topk_ids_overlap", "topk_overlap"]

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.records import Episode
-from memopd.config import field
+from memopd.config import Config, field
 from memopd.learn.actor import Rollout, RolloutLimits
 from memopd.learn.plugin import Plugin, RolloutFn
 
 
 @dataclass
-class StalenessOptions:
+class StalenessOptions(Config):
     """Simulated staleness"""
 
     simulated_staleness: int = field(0, help="train each step on the rollouts of S steps before (made by the "
@@ -29,20 +29,26 @@ class StalenessOptions:
 class SimulatedStaleness(Plugin):
     name = "staleness"
     Options = StalenessOptions
+    order = 40
+    requires = ("freshness",)  # stale samples: their lag and drift are logged
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.queue: list[list[Episode]] = []  # the batches made, oldest first
 
     @classmethod
-    def enabled(cls, cfg: Any) -> bool:
-        return cfg.simulated_staleness > 0
+    def enabled(cls, options: StalenessOptions) -> bool:
+        return options.simulated_staleness > 0
+
+    @classmethod
+    def legacy_state(cls, saved: Any) -> dict[str, Any]:
+        return {"queue": saved.get("stale_queue", [])}
 
     def wrap_rollout(self, rollout: RolloutFn) -> RolloutFn:
         def stale(step: int, limits: RolloutLimits) -> Rollout:
             fresh = rollout(step, limits)
             if not self.queue:  # a fresh start: S earlier batches, as asynchronous workers would hold
-                self.queue = [rollout(-k, limits).episodes for k in range(self.ctx.cfg.simulated_staleness, 0, -1)]
+                self.queue = [rollout(-k, limits).episodes for k in range(self.options.simulated_staleness, 0, -1)]
             self.queue.append(fresh.episodes)
             return Rollout(self.queue.pop(0), fresh.seconds, fresh.metrics)
         return stale

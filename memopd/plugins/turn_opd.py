@@ -8,8 +8,8 @@ two ends held fixed). Within a trajectory, turn ``t``'s share of the loss blends
     q_t = (1 - alpha) * n_t / N + alpha / T,      alpha = clip((k / K - s) / (e - s), 0, 1)
 
 spread equally over the turn's tokens, and the trajectories averaged alike
-(:func:`memopd.losses.turn_blend_weights`); ``alpha`` follows training progress ``k / K`` from
-``--opd-turn-start`` s = 0 to ``--opd-turn-end`` e = 1 (:func:`memopd.losses.turn_share`). The
+(:func:`turn_blend_weights`); ``alpha`` follows training progress ``k / K`` from
+``--opd-turn-start`` s = 0 to ``--opd-turn-end`` e = 1 (:func:`turn_share`). The
 schedule alone drives alpha: the paper blends rather than switching because equal turn shares
 over-amplify deep turns that few trajectories reach.
 
@@ -41,29 +41,82 @@ from typing import Any, Sequence
 
 import torch
 
-from memopd import distributed, losses
-from memopd.config import ConfigError, field
+from memopd import distributed
+from memopd.config import Config, ConfigError, field
 from memopd.learn.actor import Rollout, RolloutLimits
 from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, StepResult, WeighContext
 from memopd.runlog import mean
 
 
+# -- the maths ------------------------------------------------------------------------------------
+
+OPD_WEIGHTINGS = ("token", "turn", "progressive")
+TURN_SHAPES = ("linear", "cosine")
+
+
+def turn_share(weighting: str, progress: float, start: float = 0.0, end: float = 1.0,
+               shape: str = "linear") -> float:
+    """TurnOPD's mixing coefficient alpha at ``progress`` (the fraction of training done): how far
+    the distillation loss has moved from token-level (0) to turn-balanced (1). ``token``: 0
+    throughout; ``turn``: 1 throughout; ``progressive`` (the paper's): ``clip((progress - start) /
+    (end - start), 0, 1)``, or a cosine ease of it (``0.5 * (1 - cos(pi * x))``)."""
+    if weighting not in OPD_WEIGHTINGS:
+        raise ValueError(f"unknown OPD weighting {weighting!r}; choose one of {OPD_WEIGHTINGS}")
+    if weighting != "progressive":
+        return 0.0 if weighting == "token" else 1.0
+    if progress <= start:
+        return 0.0
+    if progress >= end:
+        return 1.0
+    x = (progress - start) / (end - start)
+    return x if shape == "linear" else 0.5 * (1.0 - math.cos(math.pi * x))
+
+
+def turn_blend_weights(token_map: torch.Tensor, supervised: torch.Tensor, alpha: float,
+                       trajectories: float | None = None) -> torch.Tensor:
+    """[N] TurnOPD's blended weights of a step's supervised tokens.
+
+    Within a trajectory ``e`` with ``T_e`` turns that have supervised tokens, ``n_{e,t}`` of them in
+    turn ``t`` and ``N_e`` in all, turn ``t``'s share of the trajectory's loss is
+    ``(1 - alpha) * n_{e,t} / N_e + alpha / T_e`` (the token share, where long turns dominate,
+    blended with the turn share, every turn alike), spread equally over the turn's tokens:
+
+        w_i = ((1 - alpha) / N_e + alpha / (T_e * n_{e,t})) / E
+
+    with ``E`` the trajectories that have supervised tokens, so the weights sum to 1 over the step
+    (the mean over trajectories of each one's blended mean). ``token_map`` [N, 3] names each
+    token's (episode, call, token); ``trajectories``: E over the whole step when this is one
+    rank's share of it."""
+    sup = supervised.float()
+    if not len(sup) or float(sup.sum()) == 0:
+        return sup
+    _, traj = torch.unique(token_map[:, 0], return_inverse=True)
+    _, call = torch.unique(token_map[:, 0] * (int(token_map[:, 1].max()) + 1) + token_map[:, 1], return_inverse=True)
+    n_call = torch.zeros(int(call.max()) + 1).index_add_(0, call, sup)  # n_{e,t}
+    n_traj = torch.zeros(int(traj.max()) + 1).index_add_(0, traj, sup)  # N_e
+    call_traj = torch.zeros(len(n_call), dtype=torch.long).index_copy_(0, call, traj)
+    turns = torch.zeros(len(n_traj)).index_add_(0, call_traj, (n_call > 0).float())  # T_e
+    e = float((n_traj > 0).sum()) if trajectories is None else trajectories
+    w = (1.0 - alpha) / n_traj[traj].clamp_min(1.0) + alpha / (turns[traj] * n_call[call]).clamp_min(1.0)
+    return torch.where(supervised, w / e, 0.0)
+
+
 @dataclass
-class TurnOPDOptions:
+class TurnOPDOptions(Config):
     """TurnOPD: turn-level loss and depth budgeting"""
 
     opd_weighting: str = field("token", help="how the distillation loss weighs the supervised tokens of a "
                                              "trajectory: token (all alike, so long calls dominate), turn (every "
                                              "model call alike), progressive (TurnOPD's loss budgeting: token to turn "
                                              "over training, see --opd-turn-start/end/shape)",
-                               choices=losses.OPD_WEIGHTINGS)
+                               choices=OPD_WEIGHTINGS)
     opd_turn_start: float = field(0.0, help="progressive: fraction of the steps (of --time-budget when one is "
                                             "set) at which the move from token to turn weighting starts",
                                   range=(0.0, 1.0))
     opd_turn_end: float = field(1.0, help="progressive: fraction of the steps (of --time-budget when one is set) "
                                           "from which the weighting is all turn", range=(0.0, 1.0))
     opd_turn_shape: str = field("linear", help="progressive: the ramp between start and end (linear, the paper's, "
-                                               "or a cosine ease)", choices=losses.TURN_SHAPES)
+                                               "or a cosine ease)", choices=TURN_SHAPES)
     adaptive_depth: bool = field(False, help="TurnOPD's adaptive rollout depth: full rollouts (probes) every "
                                              "--depth-probe-every steps set a depth cap from their per-turn teacher "
                                              "divergence and the depth successful trajectories need; the rollouts "
@@ -153,18 +206,27 @@ class DepthController:
 class TurnOPD(Plugin):
     name = "turn_opd"
     Options = TurnOPDOptions
+    order = 10
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
-        cfg = ctx.cfg
-        self.controller = DepthController(cfg.depth_ema, cfg.depth_coverage, cfg.depth_min_successes,
-                                          cfg.depth_min, cfg.depth_max)
+        o = self.options
+        self.controller = DepthController(o.depth_ema, o.depth_coverage, o.depth_min_successes, o.depth_min,
+                                          o.depth_max)
         self.probe = False  # whether this step's rollout is a probe
         self.last_probe: Probe | None = None
 
     @classmethod
-    def enabled(cls, cfg: Any) -> bool:
-        return cfg.opd_weighting != "token" or cfg.adaptive_depth
+    def enabled(cls, options: TurnOPDOptions) -> bool:
+        return options.opd_weighting != "token" or options.adaptive_depth
+
+    @classmethod
+    def features(cls, options: TurnOPDOptions) -> set[str]:
+        return {cls.name, "adaptive_depth"} if options.adaptive_depth else {cls.name}
+
+    @classmethod
+    def legacy_state(cls, saved: Any) -> dict[str, Any]:
+        return {"depth": saved.get("history", {}).get("depth")}
 
     @property
     def depth(self) -> int | None:
@@ -173,11 +235,11 @@ class TurnOPD(Plugin):
 
     # -- depth budgeting ----------------------------------------------------------------------
     def is_probe(self, step: int) -> bool:
-        cfg = self.ctx.cfg
+        cfg = self.options
         return step < cfg.depth_warmup or step % cfg.depth_probe_every == 0 or self.depth is None
 
     def wrap_rollout(self, rollout: RolloutFn) -> RolloutFn:
-        if not self.ctx.cfg.adaptive_depth:
+        if not self.options.adaptive_depth:
             return rollout
 
         def limited(step: int, limits: RolloutLimits) -> Rollout:
@@ -186,7 +248,7 @@ class TurnOPD(Plugin):
         return limited
 
     def end_step(self, result: StepResult) -> dict[str, float]:
-        cfg = self.ctx.cfg
+        cfg = self.options
         if not cfg.adaptive_depth:
             return {}
         out = {"depth/probe": float(self.probe),
@@ -210,16 +272,16 @@ class TurnOPD(Plugin):
 
     # -- loss budgeting -----------------------------------------------------------------------
     def weigh(self, weights: LossWeights, ctx: WeighContext) -> dict[str, float]:
-        cfg = self.ctx.cfg
+        cfg = self.options
         if cfg.opd_weighting == "token" or not ctx.scored:
             return {}
-        alpha = losses.turn_share(cfg.opd_weighting, ctx.progress, cfg.opd_turn_start, cfg.opd_turn_end,
+        alpha = turn_share(cfg.opd_weighting, ctx.progress, cfg.opd_turn_start, cfg.opd_turn_end,
                                   cfg.opd_turn_shape)
         batch = ctx.batch
         if batch.num_actions:
             sup = batch.teacher & (weights.opd > 0)
             (trajectories,) = distributed.all_sum([float(len(torch.unique(batch.token_map[sup, 0])))], ctx.world)
-            blend = losses.turn_blend_weights(batch.token_map, sup, alpha, trajectories)
+            blend = turn_blend_weights(batch.token_map, sup, alpha, trajectories)
             weights.redistribute_opd(weights.opd * blend, ctx.world)  # the same total: shares move
         return {"opd/turn_share": alpha}
 
@@ -260,4 +322,4 @@ def _round(x: float) -> int:
 
 
 
-__all__ = ["DepthController", "Probe", "TurnOPD", "TurnOPDOptions", "probe_stats"]
+__all__ = ["DepthController", "OPD_WEIGHTINGS", "Probe", "TURN_SHAPES", "TurnOPD", "TurnOPDOptions", "probe_stats", "turn_blend_weights", "turn_share"]
