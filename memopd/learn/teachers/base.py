@@ -44,10 +44,5 @@ class Teacher(ABC):
         worker that plays them (None: it is not evaluated here)."""
         return actor(self.model, self.tokenizer).evaluate()
 
-    def audit(self) -> dict[str, Any] | None:
-        """A check of its last scores against an independent computation (None: nothing to check
-        beyond the RCE audit of the packing)."""
-        return None
-
 
 __all__ = ["Teacher"]
