@@ -10,7 +10,6 @@ their sum.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch

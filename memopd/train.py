@@ -133,8 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    distributed.DistributedError, ValueError))
 
 
-__all__ = ["MODEL_LR", "TINY_LR", "TrainConfig", "TrainState", "Trainer", "TrainingError", "check_env_settings", "default_teacher_dir", "ensure_teacher",
-           "main", "needs_oracle", "prepare", "read_metrics", "resolve_defaults"]
+__all__ = ["MODEL_LR", "TINY_LR", "TrainConfig", "TrainState", "Trainer", "TrainingError", "check_env_settings",
+           "default_teacher_dir", "ensure_teacher", "main", "needs_oracle", "prepare", "read_metrics",
+           "resolve_defaults"]
 
 
 if __name__ == "__main__":

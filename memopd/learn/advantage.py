@@ -1,4 +1,5 @@
-"""Rewards, the trajectory weights of the PPO terms, and advantages (group-relative or GAE).
+"""Rewards, the trajectory weights of the PPO terms, advantages (group-relative or GAE), and the
+step's outcome metrics.
 
 - A trajectory's reward is its ``--reward`` metric (0 for ``--reward none``, OPD only); a
   ``--ref-beta`` penalty ``beta * [logp_old - logp_ref]_+`` per token is taken off it.
@@ -23,6 +24,7 @@ from agents.lora import adapters_off
 from agents.records import ROLES, Episode
 from memopd import distributed, losses
 from memopd.packing import PackedBatch
+from memopd.runlog import mean
 from memopd.scoring import action_states, token_logprobs
 
 
@@ -108,5 +110,30 @@ def compute_advantages(cfg: Any, batch: PackedBatch, episodes: Sequence[Episode]
     return Advantages(ep_adv[own][batch.token_map[:, 0]], weights)
 
 
-__all__ = ["Advantages", "compute_advantages", "episode_rewards", "gae_token_advantages", "role_masks",
+def step_metrics(cfg: Any, world: distributed.World, episodes: Sequence[Episode], batch: PackedBatch,
+                 rollout_s: float, learn_s: float, lr: float, stats: dict[str, float]) -> dict[str, float]:
+    """The step's metrics: outcomes of the episodes that ran to their answer (every rank's), the
+    shape of the batch, throughput and time, the learning rate, and ``stats`` (the update's, the
+    plugins', the teacher's, the phases' times)."""
+    n_calls = sum(len(e.invocations) for e in episodes)
+    mem_tokens = [len(i.response_ids) for e in episodes for i in e.invocations if i.role == "memory"]
+    n_actions, n_real, n_slots = distributed.all_sum([batch.num_actions, batch.num_real_tokens,
+                                                      batch.block_ids.numel()], world)
+    done = [e for e in episodes if e.cut is None]
+    return {
+        "reward": float(episode_rewards(done, cfg.reward if cfg.reward != "none" else "f1").mean()) if done
+        else float("nan"),
+        "f1": mean([e.metrics.get("f1", 0.0) for e in done]),
+        "em": mean([e.metrics.get("em", 0.0) for e in done]),
+        "calls_per_episode": n_calls / max(1, len(episodes)),
+        "memory_tokens_per_call": mean(mem_tokens),
+        "action_tokens": int(n_actions),
+        "packing_efficiency": 1.0 - (1.0 - n_real / max(1, n_slots)),
+        "tokens_per_s": n_real * cfg.ppo_epochs / max(1e-9, learn_s),
+        "rollout_s": rollout_s, "step_s": rollout_s + learn_s, "lr": lr,
+        **stats,
+    }
+
+
+__all__ = ["Advantages", "compute_advantages", "episode_rewards", "gae_token_advantages", "role_masks", "step_metrics",
            "trajectory_weights"]

@@ -81,6 +81,12 @@ class LossWeights:
     def __post_init__(self) -> None:
         self.ppo_base, self.opd_base = self.ppo.clone(), self.opd.clone()
 
+    @classmethod
+    def initial(cls, ppo: torch.Tensor, teacher: torch.Tensor, supervised: torch.Tensor | None) -> LossWeights:
+        """A step's weights before any plugin: the trajectory weights, and the teacher mask less the
+        actions the teacher has no target for (``supervised``; None: it has one for every action)."""
+        return cls(ppo, teacher.float() if supervised is None else teacher.float() * supervised.float())
+
     def redistribute_opd(self, new: torch.Tensor, world: World | None = None) -> None:
         """Set the distillation weights to ``new`` scaled to the sum the current ones have (over
         every rank of ``world``: the sums are the whole step's)."""
@@ -218,6 +224,21 @@ class Plugin:
 REGISTRY = Registry("--plugin", "plugin", ENTRY_POINT_GROUP, Plugin)
 
 
+def policy_lags(episodes: Sequence[Episode], step: int) -> torch.Tensor:
+    """[E] policy versions between each episode's sampling policy and the one trained at ``step``."""
+    import torch
+
+    return torch.tensor([float(step - max((i.policy_version for i in e.invocations), default=step))
+                         for e in episodes])
+
+
+def chain_rollouts(plugins: Sequence[Plugin], rollout: RolloutFn) -> RolloutFn:
+    """``rollout`` wrapped by every plugin, the first plugin's wrapper outermost."""
+    for plugin in reversed(plugins):
+        rollout = plugin.wrap_rollout(rollout)
+    return rollout
+
+
 def resolve_plugin(spec: str) -> type[Plugin]:
     """``module:Class`` (imported from the current directory too, as ``--agent`` is) or a name in
     the ``memopd.plugins`` entry-point group -> the plugin class."""
@@ -282,5 +303,5 @@ def _flag_options(cls: type[Plugin], cfg: Any) -> Any:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "REGISTRY", "LossWeights", "Plugin", "PluginContext", "PluginSpecError", "RolloutFn",
-           "StepResult", "TrainingError", "WeighContext", "check_plugin_kwargs", "plugin_options", "resolve_plugin",
-           "select_plugins"]
+           "StepResult", "TrainingError", "WeighContext", "chain_rollouts", "check_plugin_kwargs", "plugin_options",
+           "policy_lags", "resolve_plugin", "select_plugins"]

@@ -10,8 +10,12 @@ own: ``Plugin.legacy_state``), so such a run directory resumes as it is.
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
+
+from memopd.learn.plugin import TrainingError
 
 
 @dataclass
@@ -36,6 +40,27 @@ class TrainState:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def progress(self, steps: int, time_budget: float) -> float:
+        """How far training is, in [0, 1]: the share of ``--time-budget`` spent when a budget is set
+        (the steps it allows are not known in advance), else of ``--steps``."""
+        if time_budget:
+            return min(1.0, self.train_clock / time_budget)
+        return self.step / max(1, steps)
+
+    def count_bad_step(self, metrics: dict[str, float], most: int, last: Callable[[], Any]) -> None:
+        """A step whose every minibatch had a non-finite loss changed nothing; ``most`` in a row end
+        the run (:class:`memopd.learn.plugin.TrainingError`), its last good checkpoint (``last()``) intact."""
+        if not math.isnan(metrics.get("loss", float("nan"))):
+            self.bad_steps = 0
+            return
+        self.bad_steps += 1
+        warnings.warn(f"step {self.step}: non-finite loss, update skipped ({self.bad_steps}/{most} in a row)",
+                      RuntimeWarning, stacklevel=3)
+        if self.bad_steps >= most:
+            raise TrainingError(f"{self.bad_steps} steps in a row had a non-finite loss; stopped at step {self.step}. "
+                                f"The last good checkpoint is intact: {last() or 'none'}. "
+                                "Lower --lr or --opd-coef, or check the teacher, then --resume.")
 
     @classmethod
     def from_checkpoint(cls, state: dict[str, Any], plugins: Sequence[Any] | None = None) -> TrainState:

@@ -178,4 +178,5 @@ def fresh_weights(batch: PackedBatch, lags: torch.Tensor, trainer_logp: torch.Te
     return weights, opd_weights, out
 
 
-__all__ = ["Freshness", "FreshnessOptions", "context_drift", "effective_sample_size", "episode_drift", "fresh_weights", "freshness", "freshness_weights"]
+__all__ = ["Freshness", "FreshnessOptions", "context_drift", "effective_sample_size", "episode_drift", "fresh_weights",
+           "freshness", "freshness_weights"]

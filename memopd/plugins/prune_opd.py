@@ -47,7 +47,6 @@ from memopd.config import Config, ConfigError, field
 from memopd.learn.actor import Rollout, RolloutLimits
 from memopd.learn.needs import Need
 from memopd.learn.plugin import LossWeights, Plugin, RolloutFn, StepResult, WeighContext
-from memopd.packing import PackedBatch
 from memopd.scoring import ActionStates, map_chunks
 from memopd.runlog import mean
 
@@ -305,4 +304,5 @@ def recorded_topk(episodes: Sequence[Episode], token_map: torch.Tensor, k: int
 
 
 
-__all__ = ["PruneOPD", "PruneOPDOptions", "Window", "drift_inputs", "is_hit", "recorded_topk", "reliability", "reliable_calls", "topk_from_states", "topk_ids_overlap", "topk_overlap"]
+__all__ = ["PruneOPD", "PruneOPDOptions", "Window", "drift_inputs", "is_hit", "recorded_topk", "reliability",
+           "reliable_calls", "topk_from_states", "topk_ids_overlap", "topk_overlap"]

@@ -322,4 +322,5 @@ def _round(x: float) -> int:
 
 
 
-__all__ = ["DepthController", "OPD_WEIGHTINGS", "Probe", "TURN_SHAPES", "TurnOPD", "TurnOPDOptions", "probe_stats", "turn_blend_weights", "turn_share"]
+__all__ = ["DepthController", "OPD_WEIGHTINGS", "Probe", "TURN_SHAPES", "TurnOPD", "TurnOPDOptions", "probe_stats",
+           "turn_blend_weights", "turn_share"]

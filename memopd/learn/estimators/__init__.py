@@ -80,8 +80,8 @@ def feeding(teacher: Any, but: str = "") -> str:
 
 
 __all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "OPTION_SLICES", "PROJECT_FLOOR", "REGISTRY", "SAMPLED_KINDS", "TAIL_FLOOR",
-           "Estimator", "FullEstimator", "estimator_needs", "NoDistillation", "SampledEstimator", "SampledOptions", "TeacherScores",
-           "TopK", "TopKEstimator", "TopKOptions", "bucket_divergence", "estimator_options", "feeding",
+           "Estimator", "FullEstimator", "estimator_needs", "NoDistillation", "SampledEstimator", "SampledOptions",
+           "TeacherScores", "TopK", "TopKEstimator", "TopKOptions", "bucket_divergence", "estimator_options", "feeding",
            "make_estimator", "project_student", "resolve_estimator", "sampled_advantage", "sampled_estimate",
            "sampled_loss", "student_terms_topk", "teacher_targets", "teacher_token_logprobs", "teacher_topk",
            "topk_buckets", "topk_divergence"]

@@ -32,7 +32,8 @@ def context_needs(cfg: Any) -> list[Need]:
     if cfg.teacher_context != "persistent":
         return []
     return [Need("persistent", "the persistent control needs a local teacher with the student's tokenizer, to "
-                 "score each episode flattened into one transcript of student tokens", "pass --teacher-context aligned")]
+                 "score each episode flattened into one transcript of student tokens",
+                 "pass --teacher-context aligned")]
 
 
 def parallel_needs(cfg: Any, ranks: int) -> list[Need]:
