@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from agents.records import Episode
 from memopd import distributed
 from memopd.config import ConfigError
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 SEED_STRIDE = 1_000_003
 """Env seed of a step's first question: ``seed * SEED_STRIDE + step * questions_per_step``."""
@@ -44,7 +47,7 @@ class Rollout:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def engine_options(cfg: Any) -> Any:
+def engine_options(cfg: CoreConfig) -> Any:
     """The backend factory's engine options from the trainer's ``--vllm-*`` flags."""
     from agents.backends.factory import EngineOptions
 
@@ -58,7 +61,7 @@ class Actor:
     """Samples the student's episodes for training (this rank's share of the questions) and for the
     held-out evaluation (split over the ranks of ``world``)."""
 
-    def __init__(self, cfg: Any, model: Any, tokenizer: Any, world: distributed.World = distributed.SINGLE,
+    def __init__(self, cfg: CoreConfig, model: Any, tokenizer: Any, world: distributed.World = distributed.SINGLE,
                  envs: bool = True):
         from agents.backends.factory import make_backend
         from agents.backends.vllm import VLLMUnsupportedError

@@ -16,7 +16,7 @@ step's outcome metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -26,6 +26,9 @@ from memopd import distributed, losses
 from memopd.packing import PackedBatch
 from memopd.runlog import mean
 from memopd.scoring import action_states, token_logprobs
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 
 @dataclass
@@ -78,7 +81,7 @@ def role_masks(batch: PackedBatch, episodes: Sequence[Episode]) -> dict[str, tor
     return {r: torch.tensor([x == r for x in roles], dtype=torch.bool) for r in ROLES}
 
 
-def compute_advantages(cfg: Any, batch: PackedBatch, episodes: Sequence[Episode], own: Sequence[int],
+def compute_advantages(cfg: CoreConfig, batch: PackedBatch, episodes: Sequence[Episode], own: Sequence[int],
                        world: distributed.World, ref: torch.nn.Module | None = None,
                        critic: Any = None) -> Advantages:
     """Advantages of this rank's packed share (``own`` indexes ``episodes``, the whole step's, which
@@ -110,7 +113,7 @@ def compute_advantages(cfg: Any, batch: PackedBatch, episodes: Sequence[Episode]
     return Advantages(ep_adv[own][batch.token_map[:, 0]], weights)
 
 
-def step_metrics(cfg: Any, world: distributed.World, episodes: Sequence[Episode], batch: PackedBatch,
+def step_metrics(cfg: CoreConfig, world: distributed.World, episodes: Sequence[Episode], batch: PackedBatch,
                  rollout_s: float, learn_s: float, lr: float, stats: dict[str, float]) -> dict[str, float]:
     """The step's metrics: outcomes of the episodes that ran to their answer (every rank's), the
     shape of the batch, throughput and time, the learning rate, and ``stats`` (the update's, the

@@ -15,7 +15,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from agents.run_layout import RUN_CONFIG
 from memopd import checkpoint, distributed
@@ -26,13 +26,16 @@ from memopd.learn.student import Student
 from memopd.learn.update import PPOUpdate
 from memopd.runlog import RunLogger, plot_curves, read_metrics
 
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
+
 
 class Checkpointer:
     """One run's directory (``cfg.run_dir``): a fresh run's is refused when it holds a run, else
     made with its ``config.toml``; a resumed run's must hold the run. Rank 0 alone writes files
     (other ranks keep a logger that writes nothing), but every rank writes its checkpoint shards."""
 
-    def __init__(self, cfg: Any, world: distributed.World, log: Callable[[str], None]):
+    def __init__(self, cfg: CoreConfig, world: distributed.World, log: Callable[[str], None]):
         self.cfg, self.world, self.log = cfg, world, log
         self.run_dir = Path(cfg.run_dir)
         self.made = False

@@ -4,9 +4,12 @@ few episodes of each split is generated under the student's tokenizer, and oracl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memopd.config import ConfigError
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 def check_env(env_id: str) -> None:
     """``--env`` must name a registered env or a task folder."""
@@ -18,7 +21,7 @@ def check_env(env_id: str) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def needs_oracle(cfg: Any) -> bool:
+def needs_oracle(cfg: CoreConfig) -> bool:
     """Whether the run learns from oracle trajectories: the auto teacher, or the warm start of a
     from-scratch tiny student."""
     from agents.presets import TINY_PRESETS
@@ -31,7 +34,7 @@ class OracleDataError(ValueError):
     """The oracle trajectories of the env cannot teach what the run needs (the message says why)."""
 
 
-def check_env_settings(cfg: Any, tokenizer: Any, episodes: int = 4) -> None:
+def check_env_settings(cfg: CoreConfig, tokenizer: Any, episodes: int = 4) -> None:
     """Play a few episodes of each split of ``--env`` as the run will, before any model work.
 
     The run counts ``chunk_size`` and ``memory_budget`` in the student's tokens, where a task's
@@ -79,7 +82,7 @@ def _play_empty(env: Any, seed: int) -> None:
         _, _, _, _, info = env.step("")
 
 
-def _check_facts_fit(env: Any, sample_id: str, cfg: Any) -> None:
+def _check_facts_fit(env: Any, sample_id: str, cfg: CoreConfig) -> None:
     """The oracle keeps whole supporting facts: one longer than the memory budget leaves it nothing."""
     from agents.oracle import supporting_texts
 

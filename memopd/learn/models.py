@@ -8,11 +8,14 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memopd.packing import PackedBatch
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 TINY_LR = 2e-3
 """Default learning rate of a tiny-preset student: it must learn to copy within the default run."""
@@ -26,7 +29,7 @@ TEACHER_CHECKPOINT_EVERY = 25
 the cache key: it does not change the teacher)."""
 
 
-def default_teacher_dir(cfg: Any) -> Path:
+def default_teacher_dir(cfg: CoreConfig) -> Path:
     """Cache location of the auto teacher, keyed by everything that shapes it."""
     from agents.models import cache_dir
     from agents.presets import PRESET_FORMAT
@@ -40,7 +43,7 @@ def default_teacher_dir(cfg: Any) -> Path:
     return cache_dir() / "teachers" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def ensure_teacher(cfg: Any, log=print) -> str:
+def ensure_teacher(cfg: CoreConfig, log=print) -> str:
     """Resolve ``--teacher auto``: fine-tune the tiny-teacher preset on oracle trajectories once."""
     if cfg.teacher != "auto":
         return cfg.teacher
@@ -59,7 +62,7 @@ def ensure_teacher(cfg: Any, log=print) -> str:
     return str(out)
 
 
-def warm_start_student(model: torch.nn.Module, tokenizer: Any, cfg: Any, log=print) -> None:
+def warm_start_student(model: torch.nn.Module, tokenizer: Any, cfg: CoreConfig, log=print) -> None:
     """A short SFT on oracle trajectories so a from-scratch tiny student knows the output format."""
     from memopd.sft import SFTConfig, oracle_episodes, train_sft
 
@@ -70,7 +73,7 @@ def warm_start_student(model: torch.nn.Module, tokenizer: Any, cfg: Any, log=pri
     train_sft(model, eps, sft_cfg, pad_token_id=pad_id(tokenizer), progress=cfg.progress)
 
 
-def resolve_defaults(cfg: Any) -> Any:
+def resolve_defaults(cfg: CoreConfig) -> Any:
     """Fill the defaults that depend on the student: ``--lr`` and ``--opd-divergence auto``.
 
     A tiny preset learns from scratch: it needs a high learning rate, and the forward KL. Until it
@@ -90,7 +93,7 @@ KL_CHUNK_BYTES = 32 * 2**20
 KL_CHUNK_MAX = 1024
 
 
-def resolve_memory_defaults(cfg: Any, student: torch.nn.Module, world_size: int = 1) -> Any:
+def resolve_memory_defaults(cfg: CoreConfig, student: torch.nn.Module, world_size: int = 1) -> Any:
     """Fill the memory defaults that depend on the student's size (:func:`memopd.runtime.memory_saving`):
     ``--micro-batch-rows`` (1 for a large model in one process; under torchrun every rank would
     need the same number of row groups, so 0) and ``--gradient-checkpointing`` (on for a large

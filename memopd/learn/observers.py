@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from agents.records import save_episodes
 from memopd import distributed
@@ -23,6 +22,9 @@ from memopd.audit import RCEAuditHook
 from memopd.learn.actor import Actor
 from memopd.learn.plugin import StepResult
 from memopd.learn.state import TrainState
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 
 class Observer:
@@ -43,7 +45,7 @@ class Evaluation(Observer):
     the teacher's and the student's before training, every ``--eval-every`` steps, and after
     training; kept in the train state (so a resume neither repeats nor loses one)."""
 
-    def __init__(self, cfg: Any, actor: Actor, state: Callable[[], TrainState], log: Callable[[str], None]):
+    def __init__(self, cfg: CoreConfig, actor: Actor, state: Callable[[], TrainState], log: Callable[[str], None]):
         self.cfg, self.actor, self.state, self.log = cfg, actor, state, log
 
     def before(self, teacher: Any, world: distributed.World) -> dict[str, float]:
@@ -88,7 +90,7 @@ class Audit(Observer):
     """Rollout Context Equivalence (``--audit-every``): the packed log-probs of 4 of the step's
     episodes against each call alone (:class:`memopd.audit.RCEAuditHook`), on rank 0."""
 
-    def __init__(self, cfg: Any, world: distributed.World, model: Any):
+    def __init__(self, cfg: CoreConfig, world: distributed.World, model: Any):
         self.world, self.model = world, model
         self.hook = RCEAuditHook(every=cfg.audit_every, max_episodes=4, lowering=cfg.attn, strict=False,
                                  tolerance=1e-1 if cfg.dtype == "bfloat16" else None)  # autocast: bf16's bound
@@ -104,7 +106,7 @@ class SampleDump(Observer):
     teacher does not supervise) for the viewer's heatmap. Under torchrun rank 0 collects every
     rank's values and writes the file."""
 
-    def __init__(self, cfg: Any, world: distributed.World, run: Any, distilled: bool):
+    def __init__(self, cfg: CoreConfig, world: distributed.World, run: Any, distilled: bool):
         self.n, self.context, self.world, self.run, self.distilled = (cfg.sample_episodes, cfg.teacher_context,
                                                                        world, run, distilled)
 
@@ -139,7 +141,7 @@ class Export(Observer):
             self.student.export(self.run.run_dir, self.tokenizer)
 
 
-def observers(cfg: Any, world: distributed.World, evaluation: Evaluation, student: Any, run: Any, tokenizer: Any,
+def observers(cfg: CoreConfig, world: distributed.World, evaluation: Evaluation, student: Any, run: Any, tokenizer: Any,
               distilled: bool) -> list[Observer]:
     """The run's observers, in the order they act (the sample episodes, the evaluation, the audit,
     the export); ``run``: what holds the run directory (``run.run_dir``, the checkpointer)."""

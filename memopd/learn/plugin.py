@@ -36,6 +36,7 @@ from memopd.learn.needs import Need
 from memopd.learn.registry import Registry, SpecError, options_of
 
 if TYPE_CHECKING:
+    from memopd.learn.options import CoreConfig
     import torch
 
     from agents.records import Episode
@@ -136,7 +137,7 @@ class PluginContext:
     distributed world, the student with whole weights (what rollouts sample), its tokenizer, the
     teacher (None without one), the log, the run directory, and the plugin's own options."""
 
-    cfg: Any
+    cfg: CoreConfig
     world: World
     student: Any
     tokenizer: Any
@@ -187,7 +188,7 @@ class Plugin:
         return {cls.name}
 
     @classmethod
-    def check(cls, options: Any, cfg: Any) -> None:
+    def check(cls, options: Any, cfg: CoreConfig) -> None:
         """Refuse (:class:`memopd.config.ConfigError`) what its options cannot do with the run's."""
 
     @classmethod
@@ -267,7 +268,7 @@ def check_plugin_kwargs(classes: Sequence[type[Plugin]], kwargs: dict[str, Any])
                               f"{', '.join(sorted(known)) or 'none'})")
 
 
-def select_plugins(builtin: Sequence[type[Plugin]], cfg: Any) -> list[tuple[type[Plugin], Any]]:
+def select_plugins(builtin: Sequence[type[Plugin]], cfg: CoreConfig) -> list[tuple[type[Plugin], Any]]:
     """The run's plugins with their options, in their order: the built-in ones that their options
     (read from ``cfg``'s flags) switch on, with what they require, then the ``--plugin`` ones (from
     ``--plugin-kwarg``). The rules between them (``excludes``) and each one's own checks against the
@@ -293,7 +294,7 @@ def select_plugins(builtin: Sequence[type[Plugin]], cfg: Any) -> list[tuple[type
     return chosen
 
 
-def _flag_options(cls: type[Plugin], cfg: Any) -> Any:
+def _flag_options(cls: type[Plugin], cfg: CoreConfig) -> Any:
     """A built-in plugin's options: its fields of the run's config (its flags)."""
     if cls.Options is None:
         return None

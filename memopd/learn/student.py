@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -27,8 +27,11 @@ from memopd.lora import checkpoint_view, lora_on
 from memopd.packing import PackedBatch
 from memopd.scoring import ActionStates, action_states
 
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
-def join_world(cfg: Any, log: Callable[[str], None]) -> tuple[distributed.World, Any, Callable[[str], None]]:
+
+def join_world(cfg: CoreConfig, log: Callable[[str], None]) -> tuple[distributed.World, Any, Callable[[str], None]]:
     """This process's place in the run: the world (:data:`memopd.distributed.SINGLE` alone; under
     torchrun the process group, joined), checked against the run's batch and backend; on ranks
     other than 0, a config without progress bars and a log that says nothing."""
@@ -54,7 +57,7 @@ class Student:
     """The trained model (``model``), the whole-weight one that rollouts sample (``twin``: the
     model itself in one process), the critic with GAE, and the ``--ref-beta`` reference."""
 
-    def __init__(self, cfg: Any, world: distributed.World, model: torch.nn.Module):
+    def __init__(self, cfg: CoreConfig, world: distributed.World, model: torch.nn.Module):
         self.cfg, self.world, self.model = cfg, world, model
         self.critic = Critic(model) if cfg.advantage == "gae" else None
         self.ref: torch.nn.Module | None = None

@@ -21,7 +21,7 @@ and their checkpoint state (:meth:`PPOUpdate.state_dict`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -35,6 +35,9 @@ from memopd.packing import PackedBatch
 from memopd.runlog import mean
 from memopd.runtime import PhaseTimes, adamw, lr_lambda
 from memopd.scoring import ActionStates, token_logprobs
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 
 @dataclass
@@ -54,7 +57,7 @@ class UpdateInputs:
 class PPOUpdate:
     """The optimizer side of the student (and critic): owns their optimizers and the schedule."""
 
-    def __init__(self, cfg: Any, world: distributed.World, student: torch.nn.Module,
+    def __init__(self, cfg: CoreConfig, world: distributed.World, student: torch.nn.Module,
                  student_states: Callable[[PackedBatch], ActionStates], estimator: Estimator,
                  critic: Any = None, critic_fwd: Any = None):
         self.cfg, self.world, self.student, self.student_states = cfg, world, student, student_states

@@ -48,13 +48,16 @@ import heapq
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memopd import distributed
 from memopd.config import Config, ConfigError, field
 from memopd.learn.actor import SEED_STRIDE, Actor, Rollout, RolloutLimits
 from memopd.learn.plugin import Plugin, RolloutFn, StepResult, TrainingError
 from memopd.runtime import compute_dtype
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 RAY_HINT = "pip install 'memopd[ray]'"
 POLL_S = 0.02
@@ -229,7 +232,7 @@ class RolloutWorker:
     train envs; :meth:`run` claims units, samples them with the weights that came with the claim
     and delivers the groups, until the hub says stop."""
 
-    def __init__(self, cfg: Any, model: Any, tokenizer: Any, worker_id: int, hub: Any, fail: str | None = None):
+    def __init__(self, cfg: CoreConfig, model: Any, tokenizer: Any, worker_id: int, hub: Any, fail: str | None = None):
         import torch
 
         torch.set_num_threads(1)
@@ -330,7 +333,7 @@ class RolloutPool:
         log: where messages go.
     """
 
-    def __init__(self, cfg: Any, options: AsyncOptions, model: Any, tokenizer: Any, version: int,
+    def __init__(self, cfg: CoreConfig, options: AsyncOptions, model: Any, tokenizer: Any, version: int,
                  state: dict | None = None, log=print):
         self.ray = import_ray()
         self.cfg, self.options, self.log = cfg, options, log
@@ -535,7 +538,7 @@ class AsyncRollouts(Plugin):
                                   "episodes)"}
 
     @classmethod
-    def check(cls, options: AsyncOptions, cfg: Any) -> None:
+    def check(cls, options: AsyncOptions, cfg: CoreConfig) -> None:
         """One learner process, workers on transformers, and Ray installed."""
         if distributed.launched_size() > 1:
             raise ConfigError("--async-rollouts runs in one learner process in this version, not under torchrun")

@@ -13,7 +13,7 @@ other's ``--opd-estimator-kwarg KEY=VALUE`` (the fields of its ``Options``); doc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memopd.learn.estimators.base import (Estimator, NoDistillation, TeacherScores, TopK, teacher_targets,
                                           teacher_token_logprobs, teacher_topk)
@@ -24,6 +24,9 @@ from memopd.learn.estimators.topk import (PROJECT_FLOOR, TAIL_FLOOR, TopKEstimat
                                           project_student, student_terms_topk, topk_buckets, topk_divergence)
 from memopd.learn.needs import Need
 from memopd.learn.registry import Registry, options_of
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 BUILTIN = {"full": "memopd.learn.estimators.full:FullEstimator",
            "topk": "memopd.learn.estimators.topk:TopKEstimator",
@@ -38,7 +41,7 @@ def resolve_estimator(spec: str) -> type[Estimator]:
     return REGISTRY.resolve(spec)
 
 
-def estimator_options(cls: type[Estimator], cfg: Any) -> Any:
+def estimator_options(cls: type[Estimator], cfg: CoreConfig) -> Any:
     """An estimator's Options: a built-in's from the run's flags, any other's from
     ``--opd-estimator-kwarg``."""
     import dataclasses
@@ -52,7 +55,7 @@ def estimator_options(cls: type[Estimator], cfg: Any) -> Any:
     return options_of(cls, cfg.opd_estimator_kwargs, f"--opd-estimator {cfg.opd_estimator}", "--opd-estimator-kwarg")
 
 
-def make_estimator(cfg: Any) -> Estimator:
+def make_estimator(cfg: CoreConfig) -> Estimator:
     """The run's estimator (:class:`NoDistillation` without a teacher, ``--opd-coef 0``)."""
     if cfg.opd_coef <= 0:
         return NoDistillation(cfg)
@@ -60,7 +63,7 @@ def make_estimator(cfg: Any) -> Estimator:
     return cls(cfg, estimator_options(cls, cfg))
 
 
-def estimator_needs(cfg: Any) -> list[Need]:
+def estimator_needs(cfg: CoreConfig) -> list[Need]:
     """What the run's estimator needs of the teacher, each with the estimators that would do."""
     if cfg.opd_coef <= 0:
         return []

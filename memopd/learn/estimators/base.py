@@ -21,7 +21,7 @@ one came back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,9 @@ import torch.nn.functional as F
 from memopd import losses
 from memopd.packing import PackedBatch
 from memopd.scoring import ActionStates, map_chunks
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 
 @dataclass
@@ -134,7 +137,7 @@ class Estimator:
     as_loss: bool = True
     """Whether its divergence is a loss term (else PPO optimises :meth:`advantage`)."""
 
-    def __init__(self, cfg: Any, options: Any = None) -> None:
+    def __init__(self, cfg: CoreConfig, options: Any = None) -> None:
         self.cfg, self.options = cfg, options
         self.divergence, self.chunk = cfg.opd_divergence, cfg.kl_chunk
 

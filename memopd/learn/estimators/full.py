@@ -9,7 +9,7 @@ computed once and kept when it fits ``--teacher-cache-mb``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +17,9 @@ from memopd import losses
 from memopd.learn.estimators.base import Estimator, TeacherScores, Terms
 from memopd.packing import PackedBatch
 from memopd.scoring import ActionStates
+
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
 
 class FullEstimator(Estimator):
@@ -41,7 +44,7 @@ class FullEstimator(Estimator):
         return losses.student_terms(states, mb.action_ids, teacher, self.kind(), self.chunk, kept)
 
 
-def teacher_logprobs(teacher_states: ActionStates | None, cfg: Any) -> torch.Tensor | None:
+def teacher_logprobs(teacher_states: ActionStates | None, cfg: CoreConfig) -> torch.Tensor | None:
     """The teacher's [N, V] log-distribution of the step, computed once for every PPO epoch when
     it fits ``--teacher-cache-mb`` (else None: each epoch projects the teacher's states again)."""
     if teacher_states is None or cfg.ppo_epochs == 1:

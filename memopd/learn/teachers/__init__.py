@@ -14,7 +14,7 @@ builds it.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from memopd import distributed
 from memopd.learn.estimators import estimator_needs
@@ -26,8 +26,11 @@ from memopd.learn.teachers.other_tokenizer import CrossTokenizerTeacher
 from memopd.learn.teachers.served import RemoteTeacher, RemoteTeacherError, ServedTeacherOptions, is_url
 from memopd.retokenize import same_tokenizer
 
+if TYPE_CHECKING:  # the run's options, for the annotations
+    from memopd.learn.options import CoreConfig
 
-def context_needs(cfg: Any) -> list[Need]:
+
+def context_needs(cfg: CoreConfig) -> list[Need]:
     """What the run's teacher context needs of the teacher."""
     if cfg.teacher_context != "persistent":
         return []
@@ -36,7 +39,7 @@ def context_needs(cfg: Any) -> list[Need]:
                  "pass --teacher-context aligned")]
 
 
-def parallel_needs(cfg: Any, ranks: int) -> list[Need]:
+def parallel_needs(cfg: CoreConfig, ranks: int) -> list[Need]:
     """What ``--teacher-parallel`` needs of the teacher under torchrun (``ranks`` > 1)."""
     if not (ranks > 1 and cfg.teacher_parallel == "fsdp"):
         return []
@@ -44,7 +47,7 @@ def parallel_needs(cfg: Any, ranks: int) -> list[Need]:
                  "drop --teacher-parallel fsdp")]
 
 
-def run_needs(cfg: Any, plugins: Sequence[Any], ranks: int) -> list[Need]:
+def run_needs(cfg: CoreConfig, plugins: Sequence[Any], ranks: int) -> list[Need]:
     """Everything the run needs of its teacher: the estimator's, the context's, the plugins' (their
     ``teacher_needs``) and the parallel options', in that order."""
     if cfg.opd_coef <= 0:
@@ -53,14 +56,14 @@ def run_needs(cfg: Any, plugins: Sequence[Any], ranks: int) -> list[Need]:
             *parallel_needs(cfg, ranks)]
 
 
-def check_served(cfg: Any, needs: Sequence[Need]) -> None:
+def check_served(cfg: CoreConfig, needs: Sequence[Need]) -> None:
     """A served teacher's kind is known from ``--teacher`` alone: its check runs when the config is
     made, before any model loads or the server is contacted."""
     if cfg.opd_coef > 0 and is_url(cfg.teacher):
         check_needs(RemoteTeacher, cfg.teacher, needs)
 
 
-def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World, needs: Sequence[Need], topk: int = 0,
+def load_teacher(cfg: CoreConfig, student_tokenizer: Any, world: distributed.World, needs: Sequence[Need], topk: int = 0,
                  log: Callable[[str], None] = print) -> Teacher | None:
     """The run's teacher (None without distillation, ``--opd-coef 0``), after the check of
     ``needs``. ``--teacher URL`` is a served one (asked for its ``topk`` most likely tokens at each
