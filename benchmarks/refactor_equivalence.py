@@ -477,7 +477,8 @@ def served_teacher(arm: Arm, vllm_python: str | None) -> Iterator[list[str]]:
 
 
 def run_arm(arm: Arm, base: Tree, head: Tree, out: Path, settings: list[str], rtol: float,
-            caches: dict[str, Path | None], done: dict[str, dict[str, Path]], vllm_python: str | None = None) -> Result:
+            caches: dict[str, Path | None], done: dict[str, dict[str, Path]],
+            vllm_python: str | None = None) -> Result:
     """Both trees' runs of ``arm`` (into OUT/runs/<tree>/<arm>, the same leaf name in both), compared.
     ``done`` collects the run directories by arm (the resume arm reuses the default arm's)."""
     if arm.kind == "resume":
