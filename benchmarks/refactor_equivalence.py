@@ -40,7 +40,8 @@ What is compared, per arm (base run against head run):
 * ``metrics.jsonl``: the same rows in the same order (same steps), each with the same set of keys,
   and equal values for every key but the timing keys (:data:`TIMING_KEYS`, and any key ending in
   ``_s``: wall-clock measurements, which differ between any two runs);
-* ``summary.json`` (the held-out evaluations before and after training, and the teacher's);
+* ``summary.json`` (the held-out evaluations before and after training, and the teacher's; its
+  ``peak_rss_mb``, a measurement of the machine, is left out);
 * ``episodes/step-*.jsonl``: every saved episode (all of a step's with the settings here), with
   its recorded prompt and response token ids, positions and sampling log-probs, rewards and
   metrics; only each invocation's ``timing`` (wall-clock start and latency) is left out;
@@ -99,6 +100,10 @@ TIMING_KEYS = (
 
 # Keys of a saved episode that hold wall-clock data (an invocation's start time and latency).
 EPISODE_TIMING_KEYS = ("timing",)
+
+# Keys of summary.json that measure the machine, not the run's behaviour (the process's peak memory
+# differs between two runs of one commit).
+SUMMARY_MEASURED_KEYS = ("peak_rss_mb",)
 
 # Settings that name the run's place on disk, not its behaviour.
 CONFIG_PATH_KEYS = ("run_dir", "resume")
@@ -285,7 +290,8 @@ def compare_runs(a: Path, b: Path, rtol: float = 0.0, after: int | None = None) 
     sa, sb = a / "summary.json", b / "summary.json"
     summary = Comparison()
     compare_values(json.loads(sa.read_text()) if sa.is_file() else None,
-                   json.loads(sb.read_text()) if sb.is_file() else None, "", summary, rtol)
+                   json.loads(sb.read_text()) if sb.is_file() else None, "", summary, rtol,
+                   skip=lambda k: k in SUMMARY_MEASURED_KEYS)
     out.merge(summary, "summary.json", "summary.json ")
     out.merge(compare_episodes(a, b, rtol, after), "episodes")
     # settings: a value that changed is a difference; a setting only one version has (an option
@@ -641,6 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "head": {"spec": head.spec, "commit": head.commit, "dirty": head.dirty},
         "rtol": args.rtol, "steps": args.steps, "settings": settings, "timing_keys": list(TIMING_KEYS),
         "timing_rule": "a key in timing_keys or ending in _s", "episode_timing_keys": list(EPISODE_TIMING_KEYS),
+        "summary_measured_keys": list(SUMMARY_MEASURED_KEYS),
         "seconds": total,
         "arms": [{"arm": r.arm, "flags": next(a.flags for a in ARMS if a.name == r.arm),
                   "kind": next(a.kind for a in ARMS if a.name == r.arm), "equal": r.equal, "error": r.error,
