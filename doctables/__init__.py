@@ -6,6 +6,7 @@ A table on a page is either rebuilt from data or says it has none, on the line b
     <!-- table: baselines.fair120 -->     rebuilt by the renderer registered as "baselines.fair120"
     <!-- table: none -->                  measured, but its data was not kept (the section says so in
                                           words: "figure only, data not kept")
+    <!-- table: setting -->               describes a setting (task, models, budget, flags), no result
 
 A new study's section follows the pattern:
 

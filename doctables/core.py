@@ -100,7 +100,7 @@ def bold(s: str, on: bool = True) -> str:
 
 def md(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A markdown table (header, separator, rows), no trailing newline."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["|" + "|".join(f" {c} " if c else " " for c in header) + "|", "|" + "---|" * len(header)]
     lines += ["|" + "|".join(f" {c} " if str(c) else " " for c in row) + "|" for row in rows]
     return "\n".join(lines)
 

@@ -14,6 +14,8 @@ PAGES = (REPO / "docs" / "RESULTS.md", REPO / "docs" / "BENCHMARKS.md")
 MARKER = re.compile(r"^<!--\s*table:\s*(\S+)\s*-->\s*$")
 FENCE = re.compile(r"^\s*```")
 NO_DATA = "none"
+SETTING = "setting"
+"""A table that describes a setting (task, models, budget, flags), not a result."""
 
 
 @dataclass
@@ -63,9 +65,10 @@ def differences(page: Path, data: Data) -> list[str]:
     out = []
     for t in tables(page):
         if not t.marker:
-            out.append(f"{t.where()}: a table without <!-- table: NAME --> or <!-- table: none --> before it")
+            out.append(f"{t.where()}: a table without <!-- table: NAME -->, <!-- table: none --> or "
+                       "<!-- table: setting --> before it")
             continue
-        if t.marker == NO_DATA:
+        if t.marker in (NO_DATA, SETTING):
             continue
         want = render(t.marker, data).splitlines()
         have = lines[t.start:t.end]
@@ -82,7 +85,7 @@ def write(page: Path, data: Data) -> int:
     lines = page.read_text(encoding="utf-8").splitlines()
     changed = 0
     for t in reversed(tables(page)):  # from the end, so earlier line numbers stay put
-        if t.marker and t.marker != NO_DATA:
+        if t.marker and t.marker not in (NO_DATA, SETTING):
             want = render(t.marker, data).splitlines()
             if lines[t.start:t.end] != want:
                 lines[t.start:t.end] = want

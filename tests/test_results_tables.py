@@ -9,7 +9,8 @@ How a section keeps its tables true (the pattern, in full in doctables/__init__.
 - put ``<!-- table: <study>.<name> -->`` on the line before the table on the page, and write it with
   ``python -m doctables --write``;
 - a table measured but whose data was not kept has ``<!-- table: none -->`` before it, and its
-  section says "data not kept" in words.
+  section says "data not kept" in words; a table that describes a setting (task, models, budget,
+  flags) and holds no result has ``<!-- table: setting -->``.
 
 The tests: each page's rebuilt tables equal their renderers' output (one number changed in a
 results JSON fails here); every table has a marker; every renderer is used on a page and its
