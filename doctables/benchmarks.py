@@ -96,3 +96,15 @@ def step_profile(d: Data) -> str:
     rows.append(["packing, advantages, weights, the rest", *(f(x, 3) for x in rest)])
     rows.append(["step", *(f(r["step_s"], 1) for r in (before, after))])
     return md(["phase", "before, s (share)", "after, s (share)"], rows)
+
+
+@table("benchmarks.vs_trl_second_update")
+def vs_trl_second_update(d: Data) -> str:
+    rows = []
+    for name, g, order in (("mem-smollm2-memagent-g4-steady", 4, "memagent"),
+                           ("smollm2-memagent-chunk-first-g1", 1, "memagent-chunk-first")):
+        r = d(VS_TRL + name + ".json")
+        trl, mem = r["steady_peak_mib"]["trl"], r["steady_peak_mib"]["memopd"]
+        rows.append(["smollm2", order, g, f"{thousands(trl)} / {thousands(mem)} (" + bold(f"{mem / trl:.2f}x") + ")"])
+    return md(["student", "prompt order", "G", "peak MiB over the resident memory before the first update, second "
+               "update, TRL / memopd"], rows)

@@ -113,7 +113,8 @@ def test_recorded_commands_name_their_own_script_and_its_flags():
         if script not in helps:
             helps[script] = subprocess.run([sys.executable, script, "--help"], cwd=REPO, capture_output=True,
                                            text=True, timeout=120).stdout
+        source = (REPO / script).read_text()  # a flag hidden from --help (argparse.SUPPRESS) is in the source
         for flag in re.findall(r"(?:^|\s)(--[\w-]+)", command):
-            if not re.search(re.escape(flag) + r"\b", helps[script]):
+            if not re.search(re.escape(flag) + r"\b", helps[script]) and f'"{flag}"' not in source:
                 wrong.append(f"docs/data/{path}: {script} has no {flag} ({command})")
     assert not wrong, "\n".join(wrong)
