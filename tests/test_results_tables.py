@@ -118,3 +118,16 @@ def test_recorded_commands_name_their_own_script_and_its_flags():
             if not re.search(re.escape(flag) + r"\b", helps[script]) and f'"{flag}"' not in source:
                 wrong.append(f"docs/data/{path}: {script} has no {flag} ({command})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_figures_with_data_are_drawn_from_it(tmp_path):
+    """Each figure of a data-backed section is drawn from its results JSON by the study script's own
+    plot function (python -m doctables --figures), and the page shows it."""
+    from doctables.figures import FIGURES, draw_all
+
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in PAGES)
+    assert [name for name in FIGURES if f"]({name})" not in pages] == []
+    data = Data()
+    for path in draw_all(data, tmp_path):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path.name
+    assert data.read  # drawn from docs/data
