@@ -114,8 +114,8 @@ def variance(d: Data) -> str:
     rows = []
     for name, cell in v["cells"].items():
         b, c = (mean(cell["arms"][a].values()) for a in ("ppo+opd-persist", "ppo+memopd"))
-        rows.append([name, f"{cell['teacher']} ({f(cell['teacher_f1'])})", f"{cell['student']} ({f(cell['student_f1'])})",
-                     f(b), f(c), signed(c - b)])
+        rows.append([name, f"{cell['teacher']} ({f(cell['teacher_f1'])})",
+                     f"{cell['student']} ({f(cell['student_f1'])})", f(b), f(c), signed(c - b)])
     return md(["cell", "teacher (F1)", "warm student (F1)", "(b) persistent", "(c) MemOPD", "gap"], rows)
 
 

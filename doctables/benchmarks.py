@@ -55,7 +55,8 @@ def lora_sync(d: Data) -> str:
     r = d("lora_sync.json")
     return md(["push to the engine", "seconds"], [
         ["full weights (`load_weights` of the plain state dict)", f(r["full_push_s"], 2)],
-        ["LoRA: merge (W + B A alpha / r) and push", f"{f(r['lora_push_s'], 2)} ({r['lora_push_s'] / r['full_push_s']:.2f}x)"],
+        ["LoRA: merge (W + B A alpha / r) and push",
+         f"{f(r['lora_push_s'], 2)} ({r['lora_push_s'] / r['full_push_s']:.2f}x)"],
         ["of which the merge", f(r["merge_s"], 2)]])
 
 
@@ -65,12 +66,11 @@ def vs_trl(d: Data) -> str:
     for name in VS_TRL_ROWS:
         r = d(VS_TRL + name + ".json")
         tok = r["trl_computed_tokens"] / r["memopd_batch_tokens"]
+        digits = 2 if r["model"] == "tiny" else 1
+        times = f"{f(r['update_s']['trl'], digits)} / {f(r['update_s']['memopd'], digits)}"
         rows.append([r["model"], r["template"], r["group_size"], r["calls"], thousands(r["action_tokens"]),
                      f"{thousands(r['trl_computed_tokens'])} / {thousands(r['memopd_batch_tokens'])} ({tok:.2f}x)",
-                     f"{r['loss']['relative_diff']:.1e}",
-                     f"{r['update_s']['trl']:.2f} / {r['update_s']['memopd']:.2f} (" + bold(f"{r['speedup']:.2f}x") + ")"
-                     if r["model"] == "tiny" else
-                     f"{r['update_s']['trl']:.1f} / {r['update_s']['memopd']:.1f} (" + bold(f"{r['speedup']:.2f}x") + ")",
+                     f"{r['loss']['relative_diff']:.1e}", f"{times} (" + bold(f"{r['speedup']:.2f}x") + ")",
                      f"{thousands(r['peak_mib']['trl'])} / {thousands(r['peak_mib']['memopd'])} "
                      f"({r['memory_ratio']:.2f}x)"])
     return md(["student", "prompt order", "G", "calls", "completion tokens", "tokens computed, TRL / memopd",

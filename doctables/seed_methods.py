@@ -12,6 +12,26 @@ def last_three(runs: dict) -> list[float]:
     return [mean(r["curve"]["f1"][-3:]) for _, r in sorted(runs.items())]
 
 
+def auc(curve: dict, horizon: float, by: str) -> float:
+    """Mean held-out F1 over [0, horizon] (examples/seed_methods.py's rule: trapezoids, the last value
+    held to the horizon, a segment past it cut there)."""
+    xs, ys = list(curve[by]), list(curve["f1"])
+    if xs[-1] < horizon:
+        xs, ys = xs + [horizon], ys + [ys[-1]]
+    area = 0.0
+    for x0, y0, x1, y1 in zip(xs, ys, xs[1:], ys[1:]):
+        hi = min(x1, horizon)
+        if hi > x0:
+            area += (hi - x0) * (y0 + y0 + (y1 - y0) * (hi - x0) / (x1 - x0)) / 2
+    return area / horizon
+
+
+def aucs(res: dict, arm: str) -> list[float]:
+    """Each seed's AUC, recomputed from its curve (the results JSON keeps only their mean and sd)."""
+    return [auc(r["curve"], res["budget_cpu_s"] or float(res["steps"]), res["auc_by"])
+            for _, r in sorted(res["runs"][arm].items())]
+
+
 def common_cells(res: dict, arm: str) -> list[str]:
     t = res["table"][arm]
     return [pm(t["after"]["mean"], t["after"]["sd"]), mean_sd(last_three(res["runs"][arm])),
@@ -62,8 +82,8 @@ def fopd_table(d: Data, study: str) -> str:
     for arm in ["sync"] + [a for s in lags for a in (f"stale-{s}", f"fopd-{s}")]:
         t = res["table"][arm]
         m = t["method"]
-        fresh = [f(m[k], 3 if k != "fresh/ess" else 2) for k in ("fresh/weight", "fresh/ess", "fresh/drift",
-                                                                 "fresh/sup_drift")] if "fresh/weight" in m else ["–"] * 4
+        keys = ("fresh/weight", "fresh/ess", "fresh/drift", "fresh/sup_drift")
+        fresh = [f(m[k], 2 if k == "fresh/ess" else 3) for k in keys] if "fresh/weight" in m else ["–"] * 4
         rows.append([arm, *common_cells(res, arm), f(t["s_per_step"]["mean"], 2), *fresh])
     return md(["arm", "F1 after", "last three evaluations", "AUC", "s / step", "mean weight", "ESS", "D_roll",
                "D_sup"], rows)

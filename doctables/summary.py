@@ -4,31 +4,12 @@ from __future__ import annotations
 
 from doctables.baselines import B, FAIR, seeds_at
 from doctables.core import Data, diff_se, f, md, mean, mean_se, pm, signed, table
-from doctables.seed_methods import S
-
-def _aucs(res: dict, arm: str) -> list[float]:
-    """Each seed's AUC, recomputed from its curve (the results JSON keeps only their mean and sd)."""
-    return [_auc(r["curve"], res["budget_cpu_s"] or float(res["steps"]), res["auc_by"])
-            for _, r in sorted(res["runs"][arm].items())]
-
-
-def _auc(curve: dict, horizon: float, by: str) -> float:
-    """Mean held-out F1 over [0, horizon] (examples/seed_methods.py's rule: trapezoids, the last value
-    held to the horizon, a segment past it cut there)."""
-    xs, ys = list(curve[by]), list(curve["f1"])
-    if xs[-1] < horizon:
-        xs, ys = xs + [horizon], ys + [ys[-1]]
-    area = 0.0
-    for x0, y0, x1, y1 in zip(xs, ys, xs[1:], ys[1:]):
-        hi = min(x1, horizon)
-        if hi > x0:
-            area += (hi - x0) * (y0 + y0 + (y1 - y0) * (hi - x0) / (x1 - x0)) / 2
-    return area / horizon
+from doctables.seed_methods import S, aucs
 
 
 def auc_gap(res: dict, a: str, b: str) -> str:
     """AUC of arm a minus arm b, mean ± se of the difference (independent seeds)."""
-    xa, xb = _aucs(res, a), _aucs(res, b)
+    xa, xb = aucs(res, a), aucs(res, b)
     return pm(mean(xa) - mean(xb), diff_se(xa, xb), sign=True)
 
 
