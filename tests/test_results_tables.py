@@ -131,3 +131,21 @@ def test_figures_with_data_are_drawn_from_it(tmp_path):
     for path in draw_all(data, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path.name
     assert data.read  # drawn from docs/data
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_section_with_results_has_its_data_or_says_it_has_none(page):
+    """A section (heading of level 2-4) with a result table or a figure links its results JSON,
+    rebuilds a table from data, or says "data not kept"."""
+    text = page.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    silent = []
+    for section in re.split(r"^(?=#{2,4} )", text, flags=re.M):
+        result_tables = [m for m in re.findall(r"<!-- table: (\S+) -->", section) if m != "setting"]
+        unmarked = re.search(r"^\|", re.sub(r"<!-- table: setting -->\n(\|.*\n)+", "", section), flags=re.M)
+        has_results = result_tables or "![" in section or (unmarked and not result_tables)
+        backed = ("](data/" in section or "data not kept" in section.lower()
+                  or any(m != NO_DATA for m in result_tables))
+        if has_results and not backed:
+            silent.append(section.splitlines()[0])
+    assert not silent, "sections with results but no data and no 'data not kept':\n" + "\n".join(silent)
