@@ -230,9 +230,14 @@ def changed_options(cfg: Any) -> str:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
         value = getattr(cfg, f.name)
-        if value != default:
-            shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-            out.append(f"{_flag(f.name)} {shown}")
+        if value == default or (value is False and default is None):
+            continue
+        if isinstance(value, bool):
+            out.append(_flag(f.name) if value else "--no-" + _flag(f.name)[2:])
+        elif isinstance(value, dict):
+            out.extend(f"{kwarg_flag(f.name)} {k}={v!r}" for k, v in value.items())
+        else:
+            out.append(f"{_flag(f.name)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
     return " ".join(out) or "(the defaults)"
 
 
