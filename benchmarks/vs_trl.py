@@ -254,12 +254,11 @@ def child_memory(args: argparse.Namespace) -> int:
         fault_in(trainer.student, trainer.teacher.model)
         if args.memory == "memopd":
             update = lambda: trainer.update(episodes)  # noqa: E731
-        else:
-            arm = TRLArm(copy.deepcopy(trainer.student), trainer.teacher.model, trainer.tokenizer, calls, args,
-                         str(Path(tmp) / "trl"))
+        else:  # TRL trains memopd's student itself: no third copy of the weights in this process
+            arm = TRLArm(trainer.student, trainer.teacher.model, trainer.tokenizer, calls, args, str(Path(tmp) / "trl"))
             fault_in(arm.model, arm.trainer.teacher_model if hasattr(arm.trainer, "teacher_model") else arm.model)
             update = arm.update
-        mark("weights read once (and TRL's copy of the student made)" if args.memory == "trl" else "weights read once")
+        mark("weights read once")
         import psutil
 
         base = psutil.Process().memory_info().rss  # both counted from before the first update:

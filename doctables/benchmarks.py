@@ -74,7 +74,8 @@ def vs_trl(d: Data) -> str:
                      f"{thousands(r['peak_mib']['trl'])} / {thousands(r['peak_mib']['memopd'])} "
                      f"({r['memory_ratio']:.2f}x)"])
     return md(["student", "prompt order", "G", "calls", "completion tokens", "tokens computed, TRL / memopd",
-               "loss, relative difference", "update s, TRL / memopd", "peak MiB, first update, TRL / memopd"], rows)
+               "loss, relative difference", "update s, TRL / memopd",
+               "memory growth, first update (MiB), TRL / memopd"], rows)
 
 
 @table("benchmarks.step_profile")
@@ -108,3 +109,26 @@ def vs_trl_second_update(d: Data) -> str:
         rows.append(["smollm2", order, g, f"{thousands(trl)} / {thousands(mem)} (" + bold(f"{mem / trl:.2f}x") + ")"])
     return md(["student", "prompt order", "G", "peak MiB over the resident memory before the first update, second "
                "update, TRL / memopd"], rows)
+
+
+PROCESS = VS_TRL + "mem-smollm2-memagent-g4-process.json"
+MALLOC = {"exact": "glibc returns freed blocks (the benchmark's setting)", "default": "glibc's defaults"}
+
+
+@table("benchmarks.vs_trl_process")
+def vs_trl_process(d: Data) -> str:
+    """Both measures of each tool's memory, side by side: the growth over the resident memory before
+    the first update (what the benchmark reports) and the process's peak resident memory."""
+    res = d(PROCESS)
+    rows = []
+    for mode, children in res["children"].items():
+        for tool in ("trl", "memopd"):
+            c = children[tool]
+            peak_at = next(m["phase"] for m in c["timeline"] if m["peak_mib"] >= c["process_peak_mib"] - 0.5)
+            rows.append([MALLOC[mode], tool, thousands(c["base_mib"]), thousands(c["peak_mib"]),
+                         thousands(c["steady_peak_mib"]),
+                         thousands(c["base_mib"] + max(c["peak_mib"], c["steady_peak_mib"])),
+                         bold(thousands(c["process_peak_mib"])), peak_at.split(":")[0]])
+    return md(["malloc", "tool", "resident before the first update", "growth, first update",
+               "growth, second update", "resident + largest growth", "the process's peak (`ru_maxrss`)",
+               "peak reached by"], rows)
