@@ -132,3 +132,21 @@ def vs_trl_process(d: Data) -> str:
     return md(["malloc", "tool", "resident before the first update", "growth, first update",
                "growth, second update", "resident + largest growth", "the process's peak (`ru_maxrss`)",
                "peak reached by"], rows)
+
+
+@table("benchmarks.env_throughput")
+def env_throughput(d: Data) -> str:
+    r = d("env_throughput.json")
+    rows = [[f"{t['env']} default ({t['steps'] / t['episodes'] - 1:.0f} chunks and the answer an episode)",
+             f"{thousands(t['steps_per_s'])} steps/s ({thousands(t['episodes_per_s'])} episodes/s)"]
+            for t in r["throughput"]]
+    for m in r["memory"]:
+        rows.append([f"LongQA {thousands(m['context_length'])}-word episode: tracemalloc peak / RSS growth",
+                     f"{m['tracemalloc_peak_kib']} KiB / {m['rss_growth_kib']} KiB"])
+    big = r["memory"][-1]
+    rows.append([f"{thousands(big['context_length'])}-word episode, wall time (untraced)",
+                 f"{big['seconds']:.2f} s (about {big['words_per_s'] / 1000:.0f}k words/s)"])
+    ratio = r["ratio_large_to_small"]
+    rows.append([bold(f"context x{ratio['context']:.0f} -> peak Python memory x{ratio['tracemalloc_peak']:.2f}"),
+                 "flat"])
+    return md(["measurement", "value"], rows)
