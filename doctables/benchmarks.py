@@ -150,3 +150,27 @@ def env_throughput(d: Data) -> str:
     rows.append([bold(f"context x{ratio['context']:.0f} -> peak Python memory x{ratio['tracemalloc_peak']:.2f}"),
                  "flat"])
     return md(["measurement", "value"], rows)
+
+
+@table("benchmarks.packing")
+def packing(d: Data) -> str:
+    rows_in = d("packing.json")["layouts"]
+    a = rows_in[0]
+    rows = []
+    for r in rows_in:
+        main = r["layout"].startswith("(c) packed")
+        cells = [r["layout"], thousands(r["tokens"]), f(r["tokens"] / a["tokens"], 2),
+                 f"{1 - r['real_tokens'] / r['tokens']:.1%}", f(r["attn_entries"] / a["attn_entries"], 2),
+                 f(r["cpu_s"], 2), f(a["cpu_s"] / r["cpu_s"], 2), f(r["wall_s"], 2), f(a["wall_s"] / r["wall_s"], 2)]
+        rows.append([bold(c, main) for c in cells])
+    return md(["layout", "tokens computed", "x (a)", "padding", "attn x (a)", "CPU s", "speed-up (CPU)", "wall s",
+               "speed-up (wall)"], rows)
+
+
+@table("benchmarks.packing_kl")
+def packing_kl(d: Data) -> str:
+    names = {True: "chunked, {chunk:,} tokens per chunk, checkpointed (`memopd.scoring.reverse_kl`)",
+             False: "unchunked (`[{tokens}, {vocab}]` log-distributions of both models in one graph)"}
+    rows = [[names[r["chunk"] > 0].format(**r), f"{thousands(r['peak_mib'])} MiB", f"{r['seconds']:.0f} s"]
+            for r in d("packing.json")["kl"]]
+    return md(["KL computation", "peak memory", "time"], rows)
