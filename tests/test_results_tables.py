@@ -149,3 +149,13 @@ def test_every_section_with_results_has_its_data_or_says_it_has_none(page):
         if has_results and not backed:
             silent.append(section.splitlines()[0])
     assert not silent, "sections with results but no data and no 'data not kept':\n" + "\n".join(silent)
+
+
+def test_tables_are_found_with_their_markers_and_not_in_code(tmp_path):
+    from doctables.pages import tables
+
+    page = tmp_path / "page.md"
+    page.write_text("# T\n\n## A\n\n<!-- table: x.y -->\n| a |\n|---|\n| 1 |\n\ntext\n\n| b |\n|---|\n\n"
+                    "```\n| not | a table |\n```\n\n### B\n<!-- table: none -->\n| c |\n|---|\n", encoding="utf-8")
+    found = [(t.marker, t.section, t.start, t.end) for t in tables(page)]
+    assert found == [("x.y", "A", 5, 8), ("", "A", 11, 13), ("none", "B", 20, 22)]
