@@ -34,6 +34,9 @@ the first run), one run at a time, with the same small seeded settings: :data:`C
                      finished run) is resumed by the head tree with ``--steps 4``; its steps 3-4 are
                      compared with the base tree's uninterrupted 4-step run (the default arm's), and
                      with the base tree resuming a copy of the same directory
+    resume-methods   the same with --advantage gae, adaptive depth and simulated staleness (the arms' flags
+                     above): the critic and its optimizer, TurnOPD's depth and the queue of stale episodes
+                     are restored too; compared with both trees' uninterrupted runs of these flags
 
 What is compared, per arm (base run against head run):
 
@@ -355,6 +358,11 @@ ARMS = [
     Arm("served", ["--opd-estimator", "topk", "--opd-topk", "8", "--teacher-concurrency", "1"], kind="served",
         exercised=_any("teacher/requests", lambda v: v > 0), what="teacher/requests > 0"),
     Arm("resume", [], kind="resume"),
+    # a resume that restores more than the default's state: the critic and its optimizer (GAE),
+    # TurnOPD's depth, the staleness queue of episodes waiting to be learnt from
+    Arm("resume-methods", ["--advantage", "gae", "--adaptive-depth", "--depth-probe-every", "2", "--depth-warmup",
+                           "1", "--depth-coverage", "0", "--simulated-staleness", "2", "--freshness", "weight"],
+        kind="resume"),
 ]
 ARM_NAMES = [a.name for a in ARMS]
 
