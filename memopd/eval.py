@@ -255,6 +255,7 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
         raise CLIError(f"--backend {args.backend} records untruncated log-probs only with --top-p 1.0 (the engine "
                        "returns the truncated distribution's); use --backend hf for nucleus sampling")
     set_threads(args.threads)
+    keep_freed_memory()
     if args.backend == "openai":  # the server holds the weights: the tokenizer is all we load
         model, tokenizer = None, _once(args, "tokenizer", lambda: _guard_model(args.model,
                                                                                lambda: load_tokenizer(args.model)))
@@ -277,6 +278,28 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
     agent = _agent(args, {"backend": backend, "sampling": sampling},
                    {"answer_max_new_tokens": args.answer_max_new_tokens, "top_k": args.top_k})
     return make_envs(env_id, args, tokenizer, env_kwargs), agent, args.model
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's allocator to keep freed memory for reuse rather than hand it back to the
+    system. Every forward of a batch allocates activations of megabytes; by default glibc maps
+    each such block afresh and unmaps it when freed, so every forward pays page faults that zero
+    the new pages (about a tenth of an evaluation's prefill time on one CPU thread, measured in
+    docs/BENCHMARKS.md). The numbers computed are the same. Returns whether it was set (glibc only)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to set
+        return False
+    if mallopt is None:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters
+    # blocks up to 32 MiB (glibc's most) come from the heap, and the heap is never trimmed below 1 GiB
+    return bool(mallopt(m_mmap_threshold, 32 * 2**20)) and bool(mallopt(m_trim_threshold, 2**30))
 
 
 def _once(args: argparse.Namespace, name: str, make: Any) -> Any:
