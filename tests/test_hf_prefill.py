@@ -30,16 +30,19 @@ def test_length_groups_is_the_cheapest_cut():
         n = rng.randint(1, 8)
         lengths = [rng.choice([3, 40, 41, 45, 90, 92, 300]) + rng.randint(0, 5) for _ in range(n)]
         cost = rng.choice([0, 10, GROUP_COST_TOKENS, 1000])
-        runs = length_groups(lengths, cost)
+        cap = rng.choice([100, 400, 10**9])
+        runs = length_groups(lengths, cost, cap)
         assert sorted(i for run in runs for i in run) == list(range(n))
 
         def price(rs):
+            if any(len(r) > 1 and len(r) * max(lengths[i] for i in r) > cap for r in rs):
+                return float("inf")
             return sum(len(r) * max(lengths[i] for i in r) + cost for r in rs)
 
         order = sorted(range(n), key=lambda i: lengths[i])
         best = min(price([order[a:b] for a, b in zip((0, *cuts), (*cuts, n))])
                    for k in range(n) for cuts in itertools.combinations(range(1, n), k))
-        assert price(runs) == best
+        assert price(runs) == best < float("inf")
 
 
 def test_growing_layer_holds_what_the_dynamic_layer_holds():

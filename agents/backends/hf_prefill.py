@@ -37,6 +37,11 @@ GROUP_COST_TOKENS = 96
 cost of a token; tiny preset, one CPU thread: about 3 ms against 32 µs). Rows are split into
 groups only where the padding saved is worth more."""
 
+MAX_PREFILL_TOKENS = 16_384
+"""Most padded prompt tokens in one prefill forward (of more than one row): bounds the forward's
+activations when long prompts meet a large batch (64 full-context prompts of 9,000 tokens would
+otherwise hold several GiB of MLP activations at once in the tiny preset)."""
+
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 """Per model layer, keys and values ``[kv_heads, positions, head_dim]`` (one row) or with a
 leading batch dimension."""
@@ -58,10 +63,12 @@ class Prefilled(NamedTuple):
     logits: torch.Tensor
 
 
-def length_groups(lengths: list[int], cost: int = GROUP_COST_TOKENS) -> list[list[int]]:
+def length_groups(lengths: list[int], cost: int = GROUP_COST_TOKENS, max_tokens: int = MAX_PREFILL_TOKENS
+                  ) -> list[list[int]]:
     """Indices of ``lengths`` in runs of similar length, at least cost: the indices sorted by
     length, cut where ``sum(len(run) * max(run)) + cost * len(runs)`` is least (an exact dynamic
-    programme over the cut points)."""
+    programme over the cut points), with at most ``max_tokens`` padded tokens in a run of more
+    than one row."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     n = len(order)
     best = [0.0] + [float("inf")] * n  # best[j]: least cost of the first j sorted rows
@@ -69,6 +76,8 @@ def length_groups(lengths: list[int], cost: int = GROUP_COST_TOKENS) -> list[lis
     for j in range(1, n + 1):
         width = lengths[order[j - 1]]  # the longest of rows i..j-1 (sorted)
         for i in range(j):
+            if j - i > 1 and (j - i) * width > max_tokens:
+                continue
             c = best[i] + (j - i) * width + cost
             if c < best[j]:
                 best[j], cut[j] = c, i
