@@ -103,7 +103,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_backend_args(p)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
     p.add_argument("--out", default=None,
-                   help="output directory (default: runs/eval/<env>-<agent>-<timestamp>)")
+                   help="output directory (default: runs/eval/<env>-<agent>-<timestamp>); one that holds an "
+                        "evaluation already is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the evaluation an existing --out holds (default: refuse, keep it)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="progress bar of episodes and model calls (default: --progress)")
     p.add_argument("--lengths", default=None, metavar="N,N,...",
@@ -356,12 +359,16 @@ class OutputDir:
 
     FILES = ("episodes.jsonl", "summary.json")
 
-    def __init__(self, path: Path, files: Sequence[str] = FILES) -> None:
+    def __init__(self, path: Path, overwrite: bool = False, files: Sequence[str] = FILES) -> None:
         self.path, self.FILES = path, tuple(files)
         self.made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+        held = [name for name in self.FILES if (path / name).is_file() and (path / name).stat().st_size]
+        if held and not overwrite:
+            raise CLIError(f"--out {path} already holds an evaluation ({', '.join(held)}); choose another --out, or "
+                           "pass --overwrite to replace it")
         try:
             path.mkdir(parents=True, exist_ok=True)
-            for name in self.FILES:  # a rerun into the same directory replaces its results
+            for name in self.FILES:  # --overwrite: the new run's results replace the old
                 (path / name).unlink(missing_ok=True)
             (path / self.FILES[0]).touch()  # proves the directory takes files before the slow part
         except (FileExistsError, NotADirectoryError):
@@ -395,11 +402,13 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = Path(args.out) if args.out else \
         Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{_label(args.agent)}-{stamp}"
-    out = OutputDir(path) if sweep is None else OutputDir(path, eval_sweep.FILES)
-    made: list[OutputDir] = []  # a sweep's directory per value
+    out = OutputDir(path, overwrite=args.overwrite, files=OutputDir.FILES if sweep is None else eval_sweep.FILES)
+    made: list[OutputDir] = []  # a sweep's directory per value, each made before any model loads
     try:
         if sweep is None:
             return _run(args, env_id, env_kwargs, out.path)[0]
+        for value in sweep[1]:
+            made.append(OutputDir(eval_sweep.value_dir(out.path, sweep[0], value), overwrite=args.overwrite))
         return _run_sweep(args, env_id, env_kwargs, out.path, sweep, made)
     except Exception:
         for d in [*made, out]:
@@ -425,13 +434,13 @@ def check_sweep(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> tuple[s
 
 def _run_sweep(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out: Path,
                sweep: tuple[str, list[Any], list], made: list[OutputDir]) -> dict[str, Any]:
-    """One run per value of the swept option (model and backend loaded once), then the table and plot."""
+    """One run per value of the swept option into its directory of ``made`` (model and backend
+    loaded once), then the table and the plot."""
     key, values, compared = sweep
     rows = []
-    for value in values:
+    for value, place in zip(values, made):
         print(f"{key}={value}")
-        made.append(OutputDir(eval_sweep.value_dir(out, key, value)))
-        summary, episodes, envs = _run(args, env_id, {**env_kwargs, key: value}, made[-1].path)
+        summary, episodes, envs = _run(args, env_id, {**env_kwargs, key: value}, place.path)
         first = range(args.start_index, args.start_index + min(eval_sweep.MEASURED_EPISODES, len(episodes)))
         tokens = eval_sweep.input_tokens(envs[0], first, args.seed)
         rows.append(eval_sweep.row(value, summary, tokens, [e.metrics.get("f1", 0.0) for e in episodes]))

@@ -93,3 +93,14 @@ def test_a_sweep_that_fails_leaves_nothing(tmp_path, capsys):
     printed = capsys.readouterr()
     assert "saved" in printed.out and printed.err.startswith("error: ")  # the first value ran
     assert not out.exists()
+
+
+def test_a_sweep_is_not_overwritten_unless_asked(tmp_path, capsys):
+    argv = ["--agent", "oracle", "--episodes", "2", "--lengths", "2,3", "--out", str(tmp_path), "--no-progress"]
+    evaluate(argv)
+    before = (tmp_path / "num_chunks-3" / "episodes.jsonl").read_bytes()
+    assert main(argv) == 2 and "already holds" in capsys.readouterr().err
+    assert (tmp_path / "num_chunks-3" / "episodes.jsonl").read_bytes() == before
+    (tmp_path / "sweep.json").unlink()  # a sweep stopped before its table: its runs are still refused
+    assert main(argv) == 2 and "num_chunks-2 already holds" in capsys.readouterr().err
+    assert evaluate(argv + ["--overwrite"])["rows"][1]["f1"] == 1.0

@@ -21,6 +21,9 @@ MODEL_LR = 1e-6
 
 # The auto teacher: sized so that building it fits the embedded default's 15-minute budget on 2 CPU cores.
 TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "batch_episodes": 32, "lr": 3e-3}
+TEACHER_CHECKPOINT_EVERY = 25
+"""The auto teacher's build saves its state this often: a killed first run resumes it (not part of
+the cache key: it does not change the teacher)."""
 
 
 def default_teacher_dir(cfg: Any) -> Path:
@@ -48,9 +51,10 @@ def ensure_teacher(cfg: Any, log=print) -> str:
     from memopd.sft import SFTConfig, run as run_sft
 
     log(f"teacher: none cached for {cfg.env}; building it now: SFT of {TEACHER_SFT['model']} on "
-        f"{TEACHER_SFT['num_episodes']} oracle trajectories, {TEACHER_SFT['steps']} steps (cached at {out})")
+        f"{TEACHER_SFT['num_episodes']} oracle trajectories, {TEACHER_SFT['steps']} steps (cached at {out}; "
+        "a killed build resumes where it stopped)")
     sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=cfg.seed + 1,
-                        threads=cfg.threads, **TEACHER_SFT)
+                        threads=cfg.threads, checkpoint_every=TEACHER_CHECKPOINT_EVERY, **TEACHER_SFT)
     run_sft(sft_cfg, progress=cfg.progress)
     return str(out)
 
