@@ -101,6 +101,7 @@ def test_a_sweep_is_not_overwritten_unless_asked(tmp_path, capsys):
     before = (tmp_path / "num_chunks-3" / "episodes.jsonl").read_bytes()
     assert main(argv) == 2 and "already holds" in capsys.readouterr().err
     assert (tmp_path / "num_chunks-3" / "episodes.jsonl").read_bytes() == before
-    (tmp_path / "sweep.json").unlink()  # a sweep stopped before its table: its runs are still refused
+    for name in ("sweep.json", "sweep.md", "sweep.png"):  # a sweep stopped before its table: its runs still count
+        (tmp_path / name).unlink()
     assert main(argv) == 2 and "num_chunks-2 already holds" in capsys.readouterr().err
     assert evaluate(argv + ["--overwrite"])["rows"][1]["f1"] == 1.0
