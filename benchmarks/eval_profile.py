@@ -82,6 +82,18 @@ def instrument() -> None:
     timed(rollout, "rollout", "rollout")
 
 
+def code_commit() -> str:
+    """The commit of the tree whose ``memopd`` was imported (``+`` when it has local changes)."""
+    import subprocess
+    from pathlib import Path
+
+    import memopd
+
+    tree = Path(memopd.__file__).resolve().parents[1]
+    run = lambda *a: subprocess.run(["git", "-C", str(tree), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return run("rev-parse", "--short", "HEAD") + ("+" if run("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny")
@@ -105,16 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     phases = {"prefill": CPU["prefill"], "decode": CPU["decode"], "generate": CPU["generate+model"] - model,
               "env": CPU["env"], "save": CPU["save"],
               "agent": CPU["rollout"] - CPU["generate+model"] - CPU["env"] - CPU["save"]}
-    import memopd
-
-    report = {"code": memopd.__file__, "model": args.model, "chunks": args.chunks, "episodes": args.episodes,
+    report = {"commit": code_commit(), "model": args.model, "chunks": args.chunks, "episodes": args.episodes,
               "batch_size": args.batch_size, "calls": calls, "rollout_cpu_s": CPU["rollout"],
               "calls_per_cpu_s": calls / CPU["rollout"], "rollout_wall_s": summary["wall_s"],
               "ms_per_call": {k: 1e3 * v / calls for k, v in phases.items()},
               "forwards": {"prefill": COUNT["prefill"], "decode": COUNT["decode"],
                            "prefill_tokens": COUNT["prefill_tokens"]}, "f1": summary["f1"],
               "memory_tokens": summary["memory_tokens"]}
-    print(f"\n{report['code']}: {calls} calls, {report['calls_per_cpu_s']:.1f} calls per CPU second")
+    print(f"\ncommit {report['commit']}: {calls} calls, {report['calls_per_cpu_s']:.1f} calls per CPU second")
     for k, v in report["ms_per_call"].items():
         print(f"  {k:9} {v:6.2f} ms/call  {100 * phases[k] / CPU['rollout']:5.1f}%")
     print(f"  forwards: {report['forwards']}")
