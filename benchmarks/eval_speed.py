@@ -99,6 +99,7 @@ def run_arm(tree: Path, model: str, batch: int | None, args: argparse.Namespace,
     if batch is not None:
         argv += ["--batch-size", str(batch)]
     result = out.with_suffix(".json")
+    shutil.rmtree(out, ignore_errors=True)  # a rerun's arm starts afresh (either tree may refuse a full --out)
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", DRIVER, str(result), *argv], cwd=tree, env=tree_env(tree),
                           capture_output=True, text=True)
@@ -127,8 +128,8 @@ def compare(a: Path, b: Path) -> dict[str, Any]:
             same_ids &= (i.prompt_ids, i.position_ids, i.response_ids) == (j.prompt_ids, j.position_ids,
                                                                            j.response_ids)
             worst = max(worst, max((abs(p - q) for p, q in zip(i.logprobs, j.logprobs)), default=0.0))
-    return {"episodes": len(ea), "calls": calls, "same_prompts_positions_and_ids": bool(same_ids and len(ea) == len(eb)),
-            "max_abs_logprob_diff": worst}
+    return {"episodes": len(ea), "calls": calls,
+            "same_prompts_positions_and_ids": bool(same_ids and len(ea) == len(eb)), "max_abs_logprob_diff": worst}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,8 +77,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "when it is one, else kept as a string")
     p.add_argument("--model", default=None,
                    help="model spec: preset (tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-long, smollm2), "
-                        "model directory, training run directory, .gguf file or hub id. Needed by every agent but oracle, for which it only "
-                        "picks the tokenizer of the records (only the tokenizer is loaded; default: tiny's)")
+                        "model directory, training run directory, .gguf file or hub id. Needed by every agent but "
+                        "oracle, for which it only picks the tokenizer of the records (only the tokenizer is loaded; "
+                        "default: tiny's)")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--seed", type=int, default=0, help="seed of env resets and of sampling")
     p.add_argument("--split", default="test", metavar="SPLIT",
@@ -243,7 +244,8 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
         from agents.models import load_tokenizer
 
         # a scripted agent (the oracle) calls no model: its tokenizer is all it needs (loading weights only costs time)
-        tokenizer = _once(args, "tokenizer", lambda: _guard_model(args.model or "tiny", lambda: load_tokenizer(args.model)))
+        tokenizer = _once(args, "tokenizer",
+                          lambda: _guard_model(args.model or "tiny", lambda: load_tokenizer(args.model)))
         envs = make_envs(env_id, args, tokenizer, env_kwargs)
         agent = _agent(args, {"tokenizer": tokenizer}, {"samples": getattr(envs[0].unwrapped, "source", None)})
         return envs, agent, args.model or "-"
