@@ -172,8 +172,8 @@ class HFBackend(Backend):
     # ---------------------------------------------------------------- internals
     def _check_request(self, i: int, req: GenerationRequest) -> None:
         vocab = self.model.get_input_embeddings().weight.shape[0]
-        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
-        if bad:
+        if min(req.prompt_ids) < 0 or max(req.prompt_ids) >= vocab:  # the common case checked at C speed
+            bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
             raise ValueError(f"request {i}: prompt token ids {bad[:5]} are outside the model vocabulary (size {vocab})")
         end = req.position_offset + len(req.prompt_ids)
         if self.max_context is not None and end >= self.max_context:
