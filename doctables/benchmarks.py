@@ -174,3 +174,19 @@ def packing_kl(d: Data) -> str:
     rows = [[names[r["chunk"] > 0].format(**r), f"{thousands(r['peak_mib'])} MiB", f"{r['seconds']:.0f} s"]
             for r in d("packing.json")["kl"]]
     return md(["KL computation", "peak memory", "time"], rows)
+
+
+PROFILE_PHASES = ("prefill", "decode", "generate", "env", "save", "agent")
+
+
+@table("benchmarks.eval_profile")
+def eval_profile(d: Data) -> str:
+    """Where an evaluation's CPU time went per model call, before and after the fast path."""
+    rows = []
+    for label, path, batch in (("before (`b130929`, batch 8)", "eval_speed/profile-base-tiny.json", 8),
+                               ("now (batch 64)", "eval_speed/profile-head-tiny.json", 64)):
+        r = d(path)
+        rows.append([label, *(f(r["ms_per_call"][p], 2) for p in PROFILE_PHASES), f(r["calls_per_cpu_s"], 1)])
+    return md(["ms per call", "prefill", "decode", "rest of generate", "env", "writing records", "agent",
+               "calls per CPU second"], rows)
+
