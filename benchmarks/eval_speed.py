@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     work = (REPO / args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     base = base_tree(args.base, work)
-    results: dict[str, Any] = {"base_commit": git("rev-parse", args.base), "head_commit": git("rev-parse", "HEAD"),
+    command = " ".join(["python benchmarks/eval_speed.py", *(sys.argv[1:] if argv is None else argv)])
+    results: dict[str, Any] = {"command": command, "base_commit": git("rev-parse", args.base), "head_commit": git("rev-parse", "HEAD"),
                                "head_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
                                "chunks": args.chunks, "episodes": args.episodes, "env_kwargs": ENV_KWARGS | {
                                    "num_chunks": args.chunks}, "student_sft": STUDENT_SFT, "models": {},
