@@ -19,11 +19,13 @@ from memopd.eval import evaluate
 KW = {"chunk_size": 48, "memory_budget": 16}
 
 
-def test_tiny_long_is_tiny_with_more_positions(cache):
+def test_tiny_long_is_tiny_teacher_with_more_positions(cache):
     long_model, long_tok = models.load("tiny-long", cache_dir=cache)
-    tiny_model, tiny_tok = models.load("tiny", cache_dir=cache)
-    assert long_model.config.max_position_embeddings == 16_384 == 4 * tiny_model.config.max_position_embeddings
-    assert long_tok.get_vocab() == tiny_tok.get_vocab()  # the shared preset tokenizer
+    teacher, teacher_tok = models.load("tiny-teacher", cache_dir=cache)
+    assert long_model.config.max_position_embeddings == 16_384 == 4 * teacher.config.max_position_embeddings
+    shape = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    assert [getattr(long_model.config, k) for k in shape] == [getattr(teacher.config, k) for k in shape]
+    assert long_tok.get_vocab() == teacher_tok.get_vocab()  # the shared preset tokenizer
     fingerprint = presets.corpus_fingerprint()
     keys = {name: presets.preset_key(p, fingerprint) for name, p in presets.TINY_PRESETS.items()}
     assert len(set(keys.values())) == len(keys)  # a cache directory of its own
