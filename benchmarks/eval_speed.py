@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     results["wall_s"] = time.perf_counter() - t0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.write_text(json.dumps(results, indent=2).replace(f"{REPO}/", "") + "\n")  # paths from the repository root
     print(f"\n{'model':8} {'arm':7} {'batch':>5} {'calls/s':>8} {'calls/cpu-s':>11} {'F1':>6}")
     for name, m in results["models"].items():
         for arm, r in m["arms"].items():

@@ -190,3 +190,28 @@ def eval_profile(d: Data) -> str:
     return md(["ms per call", "prefill", "decode", "rest of generate", "env", "writing records", "agent",
                "calls per CPU second"], rows)
 
+
+
+EVAL_SPEED_ARMS = {"base": "before (`{base}`), batch 8", "head@8": "now, batch 8", "head": "now, batch {batch}"}
+
+
+@table("benchmarks.eval_speed")
+def eval_speed(d: Data) -> str:
+    """memopd.eval at length: calls per second of the older path and this one, from one run."""
+    r = d("eval_speed/eval_speed.json")
+    rows = []
+    for name, m in r["models"].items():
+        base = m["arms"]["base"]
+        for arm, a in m["arms"].items():
+            label = EVAL_SPEED_ARMS[arm].format(base=r["base_commit"][:7], batch=min(64, r["episodes"]))
+            now = arm == "head"
+            wall, cpu = a["calls_per_s"], a["calls_per_cpu_s"]
+            rows.append([bold(c, now) for c in (
+                name, label, thousands(a["calls"]), f(wall, 1), f(wall / base["calls_per_s"], 2), f(cpu, 1),
+                f(cpu / base["calls_per_cpu_s"], 2), f(a["f1"]))])
+        rec = m["records_head_vs_base"]
+        same = "identical" if rec["same_prompts_positions_and_ids"] else "**differ**"
+        rows.append([name, f"records, now against before ({thousands(rec['calls'])} calls)",
+                     f"prompts, positions, sampled ids {same}", f"max log-prob diff {rec['max_abs_logprob_diff']:.1e}",
+                     "", "", "", ""])
+    return md(["model", "path", "calls", "calls / s (wall)", "x before", "calls / CPU s", "x before", "F1"], rows)
