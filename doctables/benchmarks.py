@@ -215,3 +215,21 @@ def eval_speed(d: Data) -> str:
                      f"prompts, positions, sampled ids {same}", f"max log-prob diff {rec['max_abs_logprob_diff']:.1e}",
                      "", "", "", ""])
     return md(["model", "path", "calls", "calls / s (wall)", "x before", "calls / CPU s", "x before", "F1"], rows)
+
+
+@table("benchmarks.first_run")
+def first_run(d: Data) -> str:
+    runs = d("threads.json")["first_run"]["runs"]
+    quiet = runs["quiet"]["seconds"]
+    rows = [[load, f(r["seconds"], 1), f"{r['seconds'] / quiet:.2f}x", f(r["teacher_f1"]),
+             f"{f(r['f1_before'])} -> {f(r['f1_after'])}"] for load, r in runs.items()]
+    return md(["load", "seconds", "x quiet", "teacher F1", "student held-out F1"], rows)
+
+
+@table("benchmarks.threads")
+def threads(d: Data) -> str:
+    res = d("threads.json")["shortened"]["results"]
+    one = res["1"]["total_s"]
+    rows = [[t, f(r["sft_s"], 1), f(r["train_s"], 1), f(r["total_s"], 1), f"{r['total_s'] / one:.2f}x"]
+            for t, r in sorted(res.items())]
+    return md(["--threads", "teacher SFT s", "training s", "total s", "x --threads 1"], rows)
