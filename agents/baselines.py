@@ -3,6 +3,8 @@
 - :class:`FullContextAgent`: the persistent-history baseline. It keeps one growing transcript of
   every chunk read and answers once from it, truncated to the model's context limit (the most
   recent text is kept).
+- :class:`FullContextOracle`: the full-context agent's records with the gold answer, no model (SFT
+  data for a full-context reader).
 - :class:`RAGAgent`: retrieval. It keeps the chunks, ranks them with BM25 against the question and
   answers once from the top-k chunks (in reading order).
 
@@ -13,11 +15,13 @@ answer call as an :class:`agents.records.Invocation`, like every agent.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import replace
 from typing import Any, Sequence
 
 from agents.memagent import default_sampling
-from agents.policy import EpisodeState, MemoryPolicy, strip_stop
+from agents.policy import AgentError, EpisodeState, MemoryPolicy, strip_stop
+from agents.records import Invocation
 from agents.prompts import READER_TEMPLATE, PromptBuilder, PromptTemplate
 
 
@@ -72,7 +76,7 @@ class FullContextAgent(_ReaderAgent):
         sampling: base sampling params (the answer call uses them with ``answer_max_new_tokens``).
         answer_max_new_tokens: new-token limit of the answer call.
         context_length: the model's context limit in tokens (default: the backend's
-            ``max_positions``, else the tokenizer's ``model_max_length``); the transcript is cut
+            ``max_context``, else the tokenizer's ``model_max_length``); the transcript is cut
             from the front to fit, keeping the most recent text.
     """
 
@@ -83,6 +87,56 @@ class FullContextAgent(_ReaderAgent):
         room = self.context_room(state)
         cut = max(0, len(ids) - room) if room is not None else 0
         return ids[cut:], {"context_tokens": len(ids), "context_cut": cut}
+
+
+class FullContextOracle(FullContextAgent):
+    """:class:`FullContextAgent`'s records with the gold answer as the response, and no model:
+    the data that fine-tunes a model into a full-context reader (``memopd.sft --episodes``), the
+    baseline of the length axis (docs/agents.md). Like :class:`agents.oracle.OracleAgent`, the
+    response is the answer's ids and EOS with log-probs 0.0 and ``meta["oracle"] = True``.
+
+    Args:
+        samples: the env's sample source (``index_of`` + ``__getitem__``) or a function
+            ``(task_id, sample_id) -> Sample`` (``memopd.eval`` passes the env's).
+        tokenizer: the tokenizer of the records (default: the ``tiny`` preset's).
+        context_length: as :class:`FullContextAgent` (default: the tokenizer's
+            ``model_max_length``).
+    """
+
+    name = "fullcontext-oracle"
+    calls_model = False
+
+    def __init__(self, samples: Any, tokenizer: Any = None, context_length: int | None = None,
+                 answer_max_new_tokens: int = 32) -> None:
+        from agents.oracle import _as_lookup, default_tokenizer
+
+        tokenizer = tokenizer if tokenizer is not None else default_tokenizer()
+        if tokenizer.eos_token_id is None:
+            raise ValueError("FullContextOracle needs a tokenizer with an EOS token (responses end with it)")
+        super().__init__(backend=None, tokenizer=tokenizer, answer_max_new_tokens=answer_max_new_tokens,
+                         context_length=context_length)
+        self.lookup = _as_lookup(samples)
+
+    def step(self, state: EpisodeState, obs: str, info: dict[str, Any]) -> str:
+        calls = super().step(state, obs, info)  # FullContextAgent's: a chunk kept, or the answer call
+        try:
+            request, _ = next(calls)
+        except StopIteration as done:
+            return done.value
+        sample = self.lookup(str(info.get("task_id", "")), str(info["sample_id"]))
+        text = str(sample.answers[0])
+        response = self.prompts.encode_text(text) + [int(self.tokenizer.eos_token_id)]
+        inv = Invocation(prompt_ids=request.prompt_ids, response_ids=response, logprobs=[0.0] * len(response),
+                         position_ids=list(range(len(request.prompt_ids) + len(response))),
+                         prefix_len=request.prefix_len, role="answer", turn=request.turn, finish_reason="eos",
+                         sampling={}, timing={"start": time.time(), "latency_s": 0.0}, response_text=text,
+                         spans=request.spans, meta={"oracle": True, **request.meta})
+        state.invocations.append(inv)
+        try:
+            calls.send(inv)
+        except StopIteration as done:
+            return done.value
+        raise AgentError("FullContextAgent made a second call")  # pragma: no cover - it makes one
 
 
 class RAGAgent(_ReaderAgent):
@@ -133,7 +187,9 @@ def bm25_rank(query: str, documents: Sequence[str]) -> list[int]:
 
 
 def _model_context(backend: Any, tokenizer: Any) -> int | None:
-    limit = getattr(backend, "max_positions", None)
+    """The backend's position limit (``Backend.max_context``), else the tokenizer's
+    ``model_max_length`` (a tokenizer shared by models of other lengths can say less than the model)."""
+    limit = getattr(backend, "max_context", None)
     if isinstance(limit, int) and limit > 0:
         return limit
     limit = getattr(tokenizer, "model_max_length", None)

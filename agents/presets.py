@@ -98,6 +98,10 @@ TINY_PRESETS: dict[str, Preset] = {
                "BPE on the same corpus (many task words split in two or three, other ids)",
                "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, seed=1, tokenizer_vocab=1024),
+        Preset("tiny-long", "full-context baseline: tiny-teacher's shape with 16,384 positions, so that a whole "
+               "long input fits one prompt (the length axis: trained short, evaluated long)",
+               "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16_384, seed=1),
     )
 }
 

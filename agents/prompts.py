@@ -246,6 +246,11 @@ class PromptBuilder:
         """Token ids of data text (question, chunk): no special tokens added or parsed."""
         if not text:
             return []
+        from memgym.chunking import backend_encode
+
+        fast = backend_encode(self.tokenizer, text, split_special_tokens=True)  # the same ids, sooner
+        if fast is not None:
+            return list(fast.ids)
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def prefix(self, question: str | Sequence[int]) -> list[int]:

@@ -19,6 +19,7 @@ sub-environment is reset at once, so any autoreset mode works).
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -100,6 +101,7 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
 
     f1_sum, done = 0.0, 0
     bar = tqdm(total=len(plans), desc=f"rollout {agent.name}", unit="ep", disable=not progress)
+    calls = _CallCount(bar)  # at length an episode takes hundreds of calls: say them as they go
     # the weights are fixed for the rollout: the backend may keep each episode's prefix between calls
     prefix_scope = getattr(getattr(agent, "backend", None), "prefix_scope", None)
     stack = contextlib.ExitStack()
@@ -123,6 +125,7 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
             order = sorted(running)
             made = {s: len(agent.state(s).invocations) for s in order}
             actions = agent.act_batch([running[s][1:] for s in order], order)
+            calls.add(sum(len(agent.state(s).invocations) - made[s] for s in order), f1_sum, done)
             stop: set[int] = set()
             if monitor is not None:
                 new = {s: (agent.state(s).episode_id, agent.state(s).invocations[-1]) for s in order
@@ -147,7 +150,7 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
                     save_episodes(out, [episode], append=True)
                 f1_sum, done = f1_sum + episode.metrics.get("f1", 0.0), done + 1
                 bar.update(1)
-                bar.set_postfix(f1=f"{f1_sum / done:.3f}", refresh=False)
+                calls.show(f1_sum, done, refresh=False)
                 start(slot)
     finally:
         stack.close()
@@ -155,6 +158,28 @@ def rollout(envs: Any, agent: MemoryPolicy, num_episodes: int, *, group_size: in
         for slot in list(running):
             agent.abort_episode(slot)
     return results  # type: ignore[return-value]
+
+
+class _CallCount:
+    """The model calls of a rollout on its progress bar: how many, and how many a second."""
+
+    EVERY_S = 0.5
+    """Seconds between redraws between episodes."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.n = bar, 0
+        self.t0 = self.shown = time.perf_counter()
+
+    def add(self, n: int, f1_sum: float, done: int) -> None:
+        self.n += n
+        if not self.bar.disable and time.perf_counter() - self.shown >= self.EVERY_S:
+            self.show(f1_sum, done, refresh=True)
+
+    def show(self, f1_sum: float, done: int, refresh: bool) -> None:
+        self.shown = now = time.perf_counter()
+        rate = self.n / (now - self.t0) if now > self.t0 else 0.0
+        f1 = {"f1": f"{f1_sum / done:.3f}"} if done else {}
+        self.bar.set_postfix(**f1, calls=f"{self.n:,}", calls_s=f"{rate:,.0f}", refresh=refresh)
 
 
 def run_episode(env: Any, agent: MemoryPolicy, seed: int | None = None, options: dict[str, Any] | None = None,

@@ -176,6 +176,47 @@ def packing_kl(d: Data) -> str:
     return md(["KL computation", "peak memory", "time"], rows)
 
 
+PROFILE_PHASES = ("prefill", "decode", "generate", "env", "save", "agent")
+
+
+@table("benchmarks.eval_profile")
+def eval_profile(d: Data) -> str:
+    """Where an evaluation's CPU time went per model call, before and after the fast path."""
+    rows = []
+    for label, path, batch in (("before (`b130929`, batch 8)", "eval_speed/profile-base-tiny.json", 8),
+                               ("now (batch 64)", "eval_speed/profile-head-tiny.json", 64)):
+        r = d(path)
+        rows.append([label, *(f(r["ms_per_call"][p], 2) for p in PROFILE_PHASES), f(r["calls_per_cpu_s"], 1)])
+    return md(["ms per call", "prefill", "decode", "rest of generate", "env", "writing records", "agent",
+               "calls per CPU second"], rows)
+
+
+
+EVAL_SPEED_ARMS = {"base": "before (`{base}`), batch 8", "head@8": "now, batch 8", "head": "now, batch {batch}"}
+
+
+@table("benchmarks.eval_speed")
+def eval_speed(d: Data) -> str:
+    """memopd.eval at length: calls per second of the older path and this one, from one run."""
+    r = d("eval_speed/eval_speed.json")
+    rows = []
+    for name, m in r["models"].items():
+        base = m["arms"]["base"]
+        for arm, a in m["arms"].items():
+            label = EVAL_SPEED_ARMS[arm].format(base=r["base_commit"][:7], batch=min(64, r["episodes"]))
+            now = arm == "head"
+            wall, cpu = a["calls_per_s"], a["calls_per_cpu_s"]
+            rows.append([bold(c, now) for c in (
+                name, label, thousands(a["calls"]), f(wall, 1), f(wall / base["calls_per_s"], 2), f(cpu, 1),
+                f(cpu / base["calls_per_cpu_s"], 2), f(a["f1"]))])
+        rec = m["records_head_vs_base"]
+        same = "identical" if rec["same_prompts_positions_and_ids"] else "**differ**"
+        rows.append([name, f"records, now against before ({thousands(rec['calls'])} calls)",
+                     f"prompts, positions, sampled ids {same}", f"max log-prob diff {rec['max_abs_logprob_diff']:.1e}",
+                     "", "", "", ""])
+    return md(["model", "path", "calls", "calls / s (wall)", "x before", "calls / CPU s", "x before", "F1"], rows)
+
+
 @table("benchmarks.first_run")
 def first_run(d: Data) -> str:
     runs = d("threads.json")["first_run"]["runs"]

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from memgym.cli import CLIError, describe, parse_kwargs, run_main
+from memopd import eval_sweep
 from memopd.config import DEFAULT_THREADS, THREADS_HELP
 from memopd.runtime import set_threads
 
@@ -75,9 +76,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="agent constructor option (repeatable), e.g. top_k=5; VALUE is parsed as a Python literal "
                         "when it is one, else kept as a string")
     p.add_argument("--model", default=None,
-                   help="model spec: preset (tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, smollm2), model directory, training "
-                        "run directory, .gguf file or hub id. Needed by every agent but oracle, for which it only "
-                        "picks the tokenizer of the records (only the tokenizer is loaded; default: tiny's)")
+                   help="model spec: preset (tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-long, smollm2), "
+                        "model directory, training run directory, .gguf file or hub id. Needed by every agent but "
+                        "oracle, for which it only picks the tokenizer of the records (only the tokenizer is loaded; "
+                        "default: tiny's)")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--seed", type=int, default=0, help="seed of env resets and of sampling")
     p.add_argument("--split", default="test", metavar="SPLIT",
@@ -85,7 +87,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(its task.toml); an unknown split is refused with the task's list")
     p.add_argument("--start-index", type=int, default=0, help="first sample index of the split")
     p.add_argument("--group-size", type=int, default=1, help="episodes per question (samples per group)")
-    p.add_argument("--batch-size", type=int, default=8, help="environments run in lockstep (model calls batched)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="environments run in lockstep, their model calls batched (at most --episodes); each row "
+                        "holds its prompt's keys/values, so lower it for a large model on little memory")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--max-new-tokens", type=int, default=256,
@@ -105,7 +109,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the evaluation an existing --out holds (default: refuse, keep it)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="progress bar (default: --progress)")
+                   help="progress bar of episodes and model calls (default: --progress)")
+    p.add_argument("--lengths", default=None, metavar="N,N,...",
+                   help="evaluate at each input length in chunks (the env's num_chunks), e.g. 6,12,24,48,96,192: "
+                        "one run per length in --out/num_chunks-N/, then a table (sweep.json, sweep.md) and a plot "
+                        "(sweep.png) of F1 against input tokens")
+    p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
+                   help="as --lengths, over any env option, e.g. --sweep memory_budget=8,16,32")
+    p.add_argument("--compare", action="append", default=[], metavar="DIR",
+                   help="with --lengths or --sweep: add an earlier sweep (its --out directory) to the table and the "
+                        "plot, e.g. another policy on the same env (repeatable)")
     return p.parse_args(argv)
 
 
@@ -231,7 +244,8 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
         from agents.models import load_tokenizer
 
         # a scripted agent (the oracle) calls no model: its tokenizer is all it needs (loading weights only costs time)
-        tokenizer = _guard_model(args.model or "tiny", lambda: load_tokenizer(args.model))
+        tokenizer = _once(args, "tokenizer",
+                          lambda: _guard_model(args.model or "tiny", lambda: load_tokenizer(args.model)))
         envs = make_envs(env_id, args, tokenizer, env_kwargs)
         agent = _agent(args, {"tokenizer": tokenizer}, {"samples": getattr(envs[0].unwrapped, "source", None)})
         return envs, agent, args.model or "-"
@@ -246,22 +260,60 @@ def build(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any]) -> 
         raise CLIError(f"--backend {args.backend} records untruncated log-probs only with --top-p 1.0 (the engine "
                        "returns the truncated distribution's); use --backend hf for nucleus sampling")
     set_threads(args.threads)
+    keep_freed_memory()
     if args.backend == "openai":  # the server holds the weights: the tokenizer is all we load
-        model, tokenizer = None, _guard_model(args.model, lambda: load_tokenizer(args.model))
+        model, tokenizer = None, _once(args, "tokenizer", lambda: _guard_model(args.model,
+                                                                               lambda: load_tokenizer(args.model)))
     else:
-        model, tokenizer = _guard_model(args.model, lambda: load(args.model, device=args.device))
-    try:
-        backend = make_backend(args.backend, model=model, tokenizer=tokenizer, options=engine_options(args),
-                               device=args.device, seed=args.seed, max_batch_size=args.batch_size,
-                               name=f"hf:{args.model}")
-    except (BackendOptionError, VLLMUnsupportedError, OpenAIBackendError) as exc:
-        raise CLIError(f"--backend {args.backend}: {exc}") from None
+        model, tokenizer = _once(args, "model", lambda: _guard_model(args.model,
+                                                                     lambda: load(args.model, device=args.device)))
+
+    def make() -> Any:
+        try:
+            return make_backend(args.backend, model=model, tokenizer=tokenizer, options=engine_options(args),
+                                device=args.device, seed=args.seed, max_batch_size=args.batch_size,
+                                name=f"hf:{args.model}")
+        except (BackendOptionError, VLLMUnsupportedError, OpenAIBackendError) as exc:
+            raise CLIError(f"--backend {args.backend}: {exc}") from None
+
+    backend = _once(args, "backend", make)
     greedy = args.temperature <= 0
     sampling = SamplingParams(temperature=1.0 if greedy else args.temperature, top_p=args.top_p, greedy=greedy,
                               max_new_tokens=args.max_new_tokens)
     agent = _agent(args, {"backend": backend, "sampling": sampling},
                    {"answer_max_new_tokens": args.answer_max_new_tokens, "top_k": args.top_k})
     return make_envs(env_id, args, tokenizer, env_kwargs), agent, args.model
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's allocator to keep freed memory for reuse rather than hand it back to the
+    system. Every forward of a batch allocates activations of megabytes; by default glibc maps
+    each such block afresh and unmaps it when freed, so every forward pays page faults that zero
+    the new pages (about a tenth of an evaluation's prefill time on one CPU thread, measured in
+    docs/BENCHMARKS.md). The numbers computed are the same. Returns whether it was set (glibc only)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to set
+        return False
+    if mallopt is None:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters
+    # blocks up to 32 MiB (glibc's most) come from the heap, and the heap is never trimmed below 1 GiB
+    return bool(mallopt(m_mmap_threshold, 32 * 2**20)) and bool(mallopt(m_trim_threshold, 2**30))
+
+
+def _once(args: argparse.Namespace, name: str, make: Any) -> Any:
+    """``make()`` once per run: a sweep builds envs and an agent for each value, but loads the
+    model and starts the backend once."""
+    built = args.__dict__.setdefault("_built", {})
+    if name not in built:
+        built[name] = make()
+    return built[name]
 
 
 def _guard_model(spec: str, load: Any) -> Any:
@@ -282,7 +334,8 @@ def make_envs(env_id: str, args: argparse.Namespace, tokenizer: Any, env_kwargs:
     from memgym.generators.hotpot import DatasetUnavailableError
 
     try:
-        return [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs) for _ in range(args.batch_size)]
+        return [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs)
+                for _ in range(min(args.batch_size, args.episodes))]
     except TaskConfigError as exc:  # the task folder is wrong, not the flags: the message names file and key
         raise CLIError(f"{env_id}: {exc}") from None
     except (ValueError, TypeError, KeyError, MemgymError, DatasetUnavailableError) as exc:
@@ -308,8 +361,8 @@ class OutputDir:
 
     FILES = ("episodes.jsonl", "summary.json")
 
-    def __init__(self, path: Path, overwrite: bool = False) -> None:
-        self.path = path
+    def __init__(self, path: Path, overwrite: bool = False, files: Sequence[str] = FILES) -> None:
+        self.path, self.FILES = path, tuple(files)
         self.made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
         held = [name for name in self.FILES if (path / name).is_file() and (path / name).stat().st_size]
         if held and not overwrite:
@@ -347,15 +400,61 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
     env_id = check_choices(args)
     env_kwargs = parse_kwargs(args.env_kwarg, "--env-kwarg")
     check_env_kwargs(env_kwargs)
+    sweep = check_sweep(args, env_kwargs)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = OutputDir(Path(args.out) if args.out else
-                    Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{_label(args.agent)}-{stamp}",
-                    overwrite=args.overwrite)
+    path = Path(args.out) if args.out else \
+        Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{_label(args.agent)}-{stamp}"
+    out = OutputDir(path, overwrite=args.overwrite, files=OutputDir.FILES if sweep is None else eval_sweep.FILES)
+    made: list[OutputDir] = []  # a sweep's directory per value, each made before any model loads
     try:
-        return _run(args, env_id, env_kwargs, out.path)
+        if sweep is None:
+            return _run(args, env_id, env_kwargs, out.path)[0]
+        for value in sweep[1]:
+            made.append(OutputDir(eval_sweep.value_dir(out.path, sweep[0], value), overwrite=args.overwrite))
+        return _run_sweep(args, env_id, env_kwargs, out.path, sweep, made)
     except Exception:
-        out.discard()  # no half-written results: a failed run leaves nothing behind
+        for d in [*made, out]:
+            d.discard()  # no half-written results: a failed run leaves nothing behind
         raise
+
+
+def check_sweep(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> tuple[str, list[Any], list] | None:
+    """``--lengths`` / ``--sweep`` / ``--compare``, checked before any model loads: the swept env
+    option, its values and the compared sweeps (None: one run)."""
+    parsed = eval_sweep.parse_sweep(args.lengths, args.sweep)
+    if parsed is None:
+        if args.compare:
+            raise CLIError("--compare adds earlier sweeps to this run's sweep table: give --lengths or --sweep too")
+        return None
+    key, values = parsed
+    if key in env_kwargs:
+        raise CLIError(f"--env-kwarg {key}={env_kwargs[key]} and the sweep both set {key}; drop the --env-kwarg")
+    if key in OWN_ENV_KWARGS:
+        raise CLIError(f"--sweep {key}: memopd.eval sets {key} from {OWN_ENV_KWARGS[key]}; sweep an env option")
+    return key, values, eval_sweep.read_compared(args.compare)
+
+
+def _run_sweep(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out: Path,
+               sweep: tuple[str, list[Any], list], made: list[OutputDir]) -> dict[str, Any]:
+    """One run per value of the swept option into its directory of ``made`` (model and backend
+    loaded once), then the table and the plot."""
+    key, values, compared = sweep
+    rows = []
+    for value, place in zip(values, made):
+        print(f"{key}={value}")
+        summary, episodes, envs = _run(args, env_id, {**env_kwargs, key: value}, place.path)
+        first = range(args.start_index, args.start_index + min(eval_sweep.MEASURED_EPISODES, len(episodes)))
+        tokens = eval_sweep.input_tokens(envs[0], first, args.seed)
+        rows.append(eval_sweep.row(value, summary, tokens, [e.metrics.get("f1", 0.0) for e in episodes]))
+    policy = args.agent if args.model is None else f"{args.agent} ({args.model})"
+    result = {"policy": policy, "env": env_id, "key": key, "rows": rows, "agent": args.agent, "model": args.model,
+              "agent_kwargs": args.agent_options, "env_kwargs": env_kwargs, "split": args.split, "seed": args.seed,
+              "start_index": args.start_index, "temperature": args.temperature, "batch_size": args.batch_size}
+    with _writing(out / "sweep.json"):
+        eval_sweep.write(out, result, compared)
+    print(eval_sweep.markdown([result, *compared]))
+    print(f"saved {out / 'sweep.json'}, {out / 'sweep.md'} and {out / 'sweep.png'}")
+    return result
 
 
 def _label(spec: str) -> str:
@@ -379,7 +478,9 @@ def _writing(path: Path) -> Iterator[None]:
         raise CLIError(f"--out {path.parent}: {describe(OSError(exc.errno, exc.strerror, str(path)))}") from None
 
 
-def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out: Path) -> dict[str, Any]:
+def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out: Path
+         ) -> tuple[dict[str, Any], list[Any], list[Any]]:
+    """One evaluation into ``out``: its summary, episodes and envs."""
     from agents.oracle import OracleDataError
     from agents.rollout import rollout
 
@@ -406,7 +507,7 @@ def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out:
     header = f"{env_id}  agent={args.agent}  model={model_label}  split={args.split}  episodes={len(episodes)}"
     print(format_table(summary, header))
     print(f"saved {episodes_path} and {out / 'summary.json'}")
-    return summary
+    return summary, episodes, envs
 
 
 def summarize(episodes: Sequence[Any], wall_s: float | None = None) -> dict[str, Any]:
@@ -439,6 +540,7 @@ def summarize(episodes: Sequence[Any], wall_s: float | None = None) -> dict[str,
         out["wall_s"] = wall_s
         gen = sum(p["generated_tokens"] for p in per_ep)
         out["generated_tokens_per_s"] = gen / wall_s if wall_s > 0 else 0.0
+        out["calls_per_s"] = sum(p["calls"] for p in per_ep) / wall_s if wall_s > 0 else 0.0
     return out
 
 
@@ -451,6 +553,8 @@ def format_table(summary: dict[str, Any], header: str) -> str:
             ("generated tokens / episode", _count(summary["generated_tokens"]))]
     if "generated_tokens_per_s" in summary:
         rows.append(("generated tokens / s", f"{summary['generated_tokens_per_s']:.1f}"))
+    if "calls_per_s" in summary:
+        rows.append(("model calls / s", f"{summary['calls_per_s']:.1f}"))
     width = max(len(r[0]) for r in rows)
     lines = [header, f"{'metric':<{width}}  value", f"{'-' * width}  -----"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]

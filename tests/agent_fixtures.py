@@ -95,3 +95,45 @@ def rescore(model, inv: Invocation, temperature: float = 1.0) -> torch.Tensor:
     logp = torch.log_softmax(logits / temperature, dim=-1)
     n = inv.prompt_len
     return logp[n - 1:-1].gather(-1, torch.tensor(inv.response_ids)[:, None])[:, 0]
+
+
+class NaiveBackend(HFBackend):
+    """The reference path: each request alone, every token by a full forward over the prompt and
+    the tokens sampled so far (no cache, no padding, no batching), the recorded positions. Its
+    samples use the same per-request uniforms as :class:`HFBackend` (the sampling rule is not
+    what it checks: the forward path is)."""
+
+    def _generate_batch(self, reqs, gens, sp, stop_ids):
+        return [self._one(r, g, sp, stop_ids) for r, g in zip(reqs, gens)]
+
+    def _one(self, req, gen, sp, stop_ids):
+        tokens, logps, reason = [], [], "length"
+        end = req.position_offset + len(req.prompt_ids)
+        budget = sp.max_new_tokens if self.max_context is None else min(sp.max_new_tokens, self.max_context - end)
+        while len(tokens) < budget:
+            ids = torch.tensor([req.prompt_ids + tokens])
+            pos = torch.arange(req.position_offset, end + len(tokens))[None]
+            logits = self.model(input_ids=ids, position_ids=pos, use_cache=False).logits[:, -1, :]
+            tok, lp = self._sample(logits.float(), [gen], sp)
+            tokens.append(int(tok[0]))
+            logps.append(float(lp[0]))
+            if tokens[-1] in stop_ids:
+                reason = "eos" if tokens[-1] in self.eos_ids else "stop"
+                break
+        return Invocation(prompt_ids=list(req.prompt_ids), response_ids=tokens, logprobs=logps,
+                          position_ids=list(range(req.position_offset, end + len(tokens))), prefix_len=req.prefix_len,
+                          role=req.role, turn=req.turn, policy_version=self.policy_version, finish_reason=reason,
+                          sampling=sp.to_dict(), timing={"start": 0.0, "latency_s": 0.0},
+                          response_text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                          spans=None if req.spans is None else {k: list(v) for k, v in req.spans.items()},
+                          meta=dict(req.meta))
+
+
+def assert_same_records(got, ref, tol: float = 1e-5):
+    """Token-exact equality of two runs' records: the same prompts, positions and sampled ids,
+    log-probs within ``tol`` (fp32)."""
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref):
+        assert (a.prompt_ids, a.position_ids, a.response_ids, a.finish_reason) == \
+            (b.prompt_ids, b.position_ids, b.response_ids, b.finish_reason)
+        assert max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0) <= tol

@@ -102,3 +102,25 @@ def test_wrong_shapes_and_binary_lines_are_reported_not_raised(tmp_path):
     assert "binary" in msgs[1] and "binary" in msgs[3] and "invalid JSON" in msgs[2]  # line 4 is good
     assert "JSON object" in msgs[5] and "integers" in msgs[6]
     assert "must be a list" in msgs[7] and "JSON object" in msgs[8]
+
+
+def test_to_dict_is_asdict_without_its_deep_copy():
+    """The writer's conversion against the standard library's: the same dict, equal and of the same
+    container types, with new lists (a caller may change the dict without changing the record)."""
+    from dataclasses import asdict
+
+    ep = make_episode(0)
+    ep.invocations[0].topk_ids, ep.invocations[0].topk_logprobs = [[7, 1], [8, 2], [2, 3]], [[-0.1, -3.0]] * 3
+    ep.meta.update({"nested": {"pair": (1, [2.5, None]), "flag": True}, "cut": 2})
+    ours, stdlib = ep.to_dict(), asdict(ep)
+    assert ours == stdlib and json.dumps(ours) == json.dumps(stdlib)
+
+    def types(x):
+        if isinstance(x, dict):
+            return {k: types(v) for k, v in x.items()}
+        return [type(x).__name__, *map(types, x)] if isinstance(x, (list, tuple)) else type(x).__name__
+
+    assert types(ours) == types(stdlib)
+    ours["invocations"][0]["prompt_ids"].append(99)
+    ours["meta"]["nested"]["pair"][1].append(0)
+    assert ep.invocations[0].prompt_ids == [1, 2, 3, 4] and ep.meta["nested"]["pair"][1] == [2.5, None]

@@ -5,14 +5,16 @@ A short sampling loop instead of ``model.generate``: it needs exact control of t
 full-vocabulary distribution sampled from, before top-k / top-p truncation).
 
 Batching: requests are sorted by prompt length and cut into micro-batches of at most
-``max_batch_size`` rows (less padding); each micro-batch is left-padded, prefilled once, then
-decoded one token per step with a KV cache until every row has stopped. Identical prompts (a
-question's G samples at their first call) are prefilled once. Episode prefixes
-(``prompt_ids[:prefix_len]``: instructions + question, the start of every call of an episode and
-of every sample of its question) are prefilled once per call, and once per rollout within
-:meth:`HFBackend.prefix_scope`, which the rollout loop opens: their keys/values are kept (an LRU
-within ``prefix_cache_mb``) and each row prefills only the rest of its prompt after them. Models
-whose cache has sliding-window or recurrent layers prefill whole prompts.
+``max_batch_size`` rows; each micro-batch is prefilled (:mod:`agents.backends.hf_prefill`), then
+decoded one token per step with a KV cache that grows in place (:mod:`agents.backends.hf_cache`)
+until every row has stopped. Identical prompts (a question's G samples at their first call) are
+prefilled once. Episode prefixes (``prompt_ids[:prefix_len]``: instructions + question, the start
+of every call of an episode and of every sample of its question) are prefilled once per call, and
+once per rollout within :meth:`HFBackend.prefix_scope`, which the rollout loop opens: their
+keys/values are kept (an LRU within ``prefix_cache_mb``), with each episode's prompt up to its
+newest data segment (MemAgent: up to the chunk, reused while the memory does not change), and
+each row prefills only the rest of its prompt after them, in groups of similar length (less
+padding). Models whose cache has sliding-window or recurrent layers prefill whole prompts.
 
 Sampling is batch-invariant: every request draws its uniforms from its own CPU generator seeded
 from (call seed, request index), so the same call gives the same samples whatever
@@ -24,14 +26,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections import OrderedDict
 from typing import Any, Iterator
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
-
 from agents.backends.base import Backend, GenerationRequest, SamplingParams, default_stop_ids
+from agents.backends.hf_cache import PrefixCache, plain_layers
+from agents.backends.hf_prefill import Prefiller
 from agents.records import Invocation
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) over 63 bits
@@ -114,11 +114,11 @@ class HFBackend(Backend):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._stream = torch.Generator().manual_seed(seed)
         # sliding-window, recurrent or other special cache layers keep their own state: their
-        # prefixes are prefilled with each prompt
-        plain = [type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers]
+        # prefixes are prefilled with each prompt, and their caches grow the transformers way
         self.prefix_cache_mb = prefix_cache_mb
-        self._prefix_ok = bool(plain) and all(plain)
+        self._prefix_ok = plain_layers(self.model.config)
         self._prefix_cache: PrefixCache | None = None  # only within a prefix_scope()
+        self._prefill = Prefiller(self.model, self._cache_kw, self.pad_id, self.device, plain=self._prefix_ok)
 
     # ------------------------------------------------------------------ public
     def reseed(self, seed: int) -> None:
@@ -172,8 +172,8 @@ class HFBackend(Backend):
     # ---------------------------------------------------------------- internals
     def _check_request(self, i: int, req: GenerationRequest) -> None:
         vocab = self.model.get_input_embeddings().weight.shape[0]
-        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
-        if bad:
+        if min(req.prompt_ids) < 0 or max(req.prompt_ids) >= vocab:  # the common case checked at C speed
+            bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
             raise ValueError(f"request {i}: prompt token ids {bad[:5]} are outside the model vocabulary (size {vocab})")
         end = req.position_offset + len(req.prompt_ids)
         if self.max_context is not None and end >= self.max_context:
@@ -186,41 +186,26 @@ class HFBackend(Backend):
         t0, wall0 = time.perf_counter(), time.time()
         B, dev = len(reqs), self.device
         lens = [len(r.prompt_ids) for r in reqs]
-        ids, mask, pos = self._left_pad([r.prompt_ids for r in reqs], [r.prompt_positions() for r in reqs])
 
         # Room left before the model's position limit, per row.
         ends = [r.position_offset + n for r, n in zip(reqs, lens)]
         budget = [sp.max_new_tokens if self.max_context is None else min(sp.max_new_tokens, self.max_context - e)
                   for e in ends]
 
-        kv = DynamicCache(config=self.model.config)  # filled in place by each forward
-        cache = {self._cache_kw: kv}
         # identical prompts (a question's G samples start with the same first call) are prefilled
         # once; their keys/values and first logits are then copied to every row that has them
         keys = [(tuple(r.prompt_ids), r.position_offset) for r in reqs]
         first = {k: i for i, k in reversed(list(enumerate(keys)))}
         uniq = sorted(set(first.values()))
-        u = torch.tensor(uniq, device=dev)
-        shared = self._cached_prefixes([reqs[i] for i in uniq]) if self._prefix_cache is not None else None
-        if shared is not None:  # the episode prefixes' keys/values from the cache; prefill the rest
-            pkv, pmask, s_ids, s_mask, s_pos = shared
-            for layer, (k, v) in enumerate(pkv):
-                kv.update(k, v, layer)
-            u_mask = torch.cat([pmask, s_mask], dim=1)
-            out = self.model(input_ids=s_ids, attention_mask=u_mask, position_ids=s_pos, use_cache=True,
-                             logits_to_keep=1, **cache)
-        else:
-            u_mask = mask[u]
-            out = self.model(input_ids=ids[u], attention_mask=u_mask, position_ids=pos[u], use_cache=True,
-                             logits_to_keep=1, **cache)
-        logits = out.logits[:, -1, :]
-        mask = u_mask
+        kv, mask, logits = self._prefill([reqs[i] for i in uniq], max(budget), self._prefix_cache,
+                                          self.max_batch_size)
+        cache = {self._cache_kw: kv}
         if len(uniq) < B:
             row_of = {i: n for n, i in enumerate(uniq)}  # request -> its row in the prefill
             expand = torch.tensor([row_of[first[k]] for k in keys], device=dev)
             kv.batch_select_indices(expand)
             logits, mask = logits[expand], mask[expand]
-        next_pos = pos[:, -1] + 1
+        next_pos = torch.tensor(ends, device=dev)  # each row's next position
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
         top_ids: list[list[list[int]]] = [[] for _ in range(B)]  # with record_topk: per token, the k likeliest
@@ -287,69 +272,6 @@ class HFBackend(Backend):
             top_ids[b].append(i)
             top_lps[b].append(v)
 
-    def _left_pad(self, rows: list[list[int]], positions: list[list[int]]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``[B, W]`` ids, attention mask and position ids of token rows, left-padded to the
-        longest; each row keeps its own positions."""
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        pos = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, (row, p) in enumerate(zip(rows, positions)):
-            n = len(row)
-            ids[b, width - n:] = torch.tensor(row)
-            mask[b, width - n:] = 1
-            pos[b, width - n:] = torch.tensor(p)
-        return ids.to(self.device), mask.to(self.device), pos.to(self.device)
-
-    def _cached_prefixes(self, reqs: list[GenerationRequest]) -> tuple | None:
-        """The rows' episode prefixes as keys/values (prefilled here where the cache lacks them),
-        and the rest of each prompt to prefill after them. None when no row has a prefix.
-
-        Returns per-layer ``[B, kv_heads, P, d]`` keys and values (each prefix right-aligned in P
-        columns, left-padded), the ``[B, P]`` mask of those columns, and the ``[B, S]`` left-padded
-        suffix ids, mask and positions."""
-        # at least one token of each prompt is prefilled after its prefix: it gives the first logits
-        plens = [min(r.prefix_len, len(r.prompt_ids) - 1) for r in reqs]
-        keys = [(tuple(r.prompt_ids[:p]), r.position_offset) if p > 0 else None for r, p in zip(reqs, plens)]
-        if not any(keys):
-            return None
-        found = {k: self._prefix_cache.get(k) for k in dict.fromkeys(k for k in keys if k)}
-        missing = [k for k, v in found.items() if v is None]
-        for start in range(0, len(missing), self.max_batch_size):
-            found.update(self._prefill_prefixes(missing[start:start + self.max_batch_size]))
-        P, B = max(plens), len(reqs)
-        pmask = torch.zeros((B, P), dtype=torch.long)
-        layers = next(v for v in found.values())
-        pkv = [(k.new_zeros((B, *k.shape[:-2], P, k.shape[-1])), v.new_zeros((B, *v.shape[:-2], P, v.shape[-1])))
-               for k, v in layers]
-        for b, (r, p, key) in enumerate(zip(reqs, plens, keys)):
-            if key:
-                pmask[b, P - p:] = 1
-                for (k, v), (ek, ev) in zip(pkv, found[key]):
-                    k[b, ..., P - p:, :] = ek
-                    v[b, ..., P - p:, :] = ev
-        s_ids, s_mask, s_pos = self._left_pad([r.prompt_ids[p:] for r, p in zip(reqs, plens)],
-                                              [r.prompt_positions()[p:] for r, p in zip(reqs, plens)])
-        return pkv, pmask.to(self.device), s_ids, s_mask, s_pos
-
-    def _prefill_prefixes(self, keys: list[tuple[tuple[int, ...], int]]) -> dict:
-        """Prefill distinct prefixes (left-padded, their own positions); each one's per-layer
-        ``[kv_heads, p, d]`` keys and values, kept in the cache."""
-        ids, mask, pos = self._left_pad([list(p_ids) for p_ids, _ in keys],
-                                        [list(range(offset, offset + len(p_ids))) for p_ids, offset in keys])
-        W = ids.shape[1]
-        kv = DynamicCache(config=self.model.config)
-        self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                   **{self._cache_kw: kv})
-        out = {}
-        for j, key in enumerate(keys):
-            n = len(key[0])  # clones: an entry must not hold the whole batch's tensors alive
-            out[key] = [(layer.keys[j, ..., W - n:, :].clone(), layer.values[j, ..., W - n:, :].clone())
-                        for layer in kv.layers]
-            self._prefix_cache.put(key, out[key])
-        return out
-
     def _sample(self, logits: torch.Tensor, gens: list[torch.Generator], sp: SamplingParams
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row and its log-prob under the full-vocabulary softmax(logits / T)."""
@@ -366,45 +288,3 @@ class HFBackend(Backend):
         tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
         tok = tok.clamp_(max=logits.shape[-1] - 1)
         return tok, logp.gather(-1, tok[:, None])[:, 0]
-
-
-class PrefixCache:
-    """Keys/values of episode prefixes (instructions + question: every call of an episode and
-    every sample of its question begin with it), so that each is prefilled once per policy
-    rather than once per call. LRU within a byte budget.
-
-    An entry is only valid for the weights that computed it: the cache empties itself when the
-    backend's ``policy_version`` changes or any parameter is replaced or modified in place
-    (tensor identity and autograd version counter), whichever a trainer's update does."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.entries: OrderedDict[Any, tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = OrderedDict()
-        self.bytes = 0
-        self._stamp: Any = None
-
-    def check(self, policy_version: int, model: Any) -> None:
-        """Empty the cache unless the policy and its weights are the ones its entries came from."""
-        stamp = (policy_version, tuple((p.data_ptr(), p._version) for p in model.parameters()))
-        if stamp != self._stamp:
-            self.clear()
-            self._stamp = stamp
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.bytes = 0
-
-    def get(self, key: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        if key in self.entries:
-            self.entries.move_to_end(key)
-            return self.entries[key][0]
-        return None
-
-    def put(self, key: Any, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
-        if size > self.max_bytes:
-            return
-        self.entries[key] = (layers, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            self.bytes -= self.entries.popitem(last=False)[1][1]
