@@ -229,6 +229,7 @@ class MemoryPolicy(ABC):
         state = self._episodes.get(slot) or self.begin_episode(slot)
         sample_id = str(info.get("sample_id", ""))
         if state.steps == 0:
+            self._check_unit(info)
             state.task_id = str(info.get("task_id", ""))
             state.sample_id = sample_id
             state.question = str(info.get("question", ""))
@@ -237,6 +238,24 @@ class MemoryPolicy(ABC):
                              f"{state.steps} steps) but got the start of another episode (sample {sample_id!r}); "
                              "call end_episode() after the env terminates, or abort_episode()")
         return state
+
+    def _check_unit(self, info: dict[str, Any]) -> None:
+        """The env counts the memory budget in tokens of its tokenizer; an agent with another one
+        would cap, cut and record its memory in another unit (its records' memory ids would not be
+        what the env kept). Said at the episode's first step, before any model call."""
+        expected = info.get("budget_tokenizer")
+        if expected is None or self.tokenizer is None:
+            return
+        from memgym.chunking import tokenizer_fingerprint
+
+        try:
+            own = tokenizer_fingerprint(self.tokenizer)
+        except (AttributeError, TypeError, ValueError):
+            return  # not a Hugging Face fast tokenizer: nothing to compare
+        if own != expected:
+            raise AgentError(f"{type(self).__name__}'s tokenizer is not the env's (the env counts the memory budget "
+                             f"in tokens of its own tokenizer, {expected}; the agent's is {own}); make the env "
+                             "with the agent's tokenizer: gym.make(env_id, tokenizer=agent.tokenizer)")
 
     # ------------------------------------------------------------------ helpers for subclasses
     def request(self, state: EpisodeState, prompt: Any, role: str, **meta: Any) -> "GenerationRequest":

@@ -220,6 +220,17 @@ class Episode:
     def turns(self, turns: int | None) -> None:
         _set_meta(self.meta, "turns", turns)
 
+    @property
+    def dropped_facts(self) -> list[str] | None:
+        """What a scripted oracle's final memory lacked for the right answer (the memory budget
+        could not hold it, or it was never read whole); None when it held everything, or for an
+        agent that is not scripted. Kept in ``meta["dropped_facts"]``."""
+        return self.meta.get("dropped_facts")
+
+    @dropped_facts.setter
+    def dropped_facts(self, facts: list[str] | None) -> None:
+        _set_meta(self.meta, "dropped_facts", facts)
+
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

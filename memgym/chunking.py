@@ -1,8 +1,12 @@
 """Length units, document rendering, streaming chunking and the memory cut.
 
-Everything here is measured in *units*: whitespace-separated words by default, or tokens of
-a Hugging Face tokenizer. A :class:`Counter` hides which; the chunker, the memory cut and the
-generators that size their input (LongQA plans chunks exactly) all share one.
+Everything here is measured in *units*. An environment always counts **tokens**: of the
+tokenizer it is made with (the agent's), else of memgym's default tokenizer
+(:func:`default_tokenizer`, the tiny presets' byte-level BPE, shipped as
+``memgym/default_tokenizer.json`` and read without torch). The memory budget, the chunk size and
+every agent's memory cap are counted in that one unit. :class:`WordCounter` (whitespace words)
+remains for generators called on their own. A :class:`Counter` hides which; the chunker, the
+memory cut and the generators that size their input (LongQA plans chunks exactly) share one.
 
 Chunking rules (the environment contract):
 - documents are rendered as ``"Document i: <title>\\n<text>"`` (``i`` is 1-based in the stream);
@@ -15,8 +19,12 @@ Documents are consumed lazily, so a million-token episode streams in flat memory
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
 
 from memgym.data import Document
@@ -24,6 +32,10 @@ from memgym.data import Document
 PIECE_SEPARATOR = "\n\n"
 _WORD_RE = re.compile(r"\S+")
 _SENTENCE_END = (".", "!", "?")
+DEFAULT_TOKENIZER_FILE = Path(__file__).resolve().parent / "default_tokenizer.json"
+"""memgym's default tokenizer: the tiny presets' (``agents.presets``), the tokenizer of the default
+student, so that an env made without a tokenizer counts exactly what training and evaluation count
+(tests/test_budget_unit.py checks the file against the preset)."""
 
 
 class Counter(Protocol):
@@ -75,14 +87,22 @@ class TokenCounter:
     unit = "tokens"
 
     def __init__(self, tokenizer: Any):
-        if not getattr(tokenizer, "is_fast", False):
+        from tokenizers import Tokenizer
+
+        # A bare ``tokenizers.Tokenizer`` (the default one) needs no transformers, hence no torch.
+        self._raw = tokenizer if isinstance(tokenizer, Tokenizer) else None
+        if self._raw is None and not getattr(tokenizer, "is_fast", False):
             raise TypeError(
                 f"memgym needs a fast (Rust-backed) Hugging Face tokenizer for token offsets; "
                 f"got {type(tokenizer).__name__}. Load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
             )
         self.tokenizer = tokenizer
+        self.fingerprint = tokenizer_fingerprint(tokenizer)
 
     def _encode(self, text: str, offsets: bool = False) -> dict:
+        if self._raw is not None:
+            enc = self._raw.encode(text, add_special_tokens=False)
+            return {"input_ids": enc.ids, "offset_mapping": enc.offsets}
         return self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=offsets,
                               return_attention_mask=False)
 
@@ -115,17 +135,46 @@ class TokenCounter:
         return text[: offsets[budget - 1][1]], budget, len(offsets) - budget
 
 
-def make_counter(tokenizer: Any = None) -> Counter:
-    """A :class:`WordCounter` when ``tokenizer`` is None, else a :class:`TokenCounter`.
+def make_counter(tokenizer: Any = None) -> TokenCounter:
+    """The :class:`TokenCounter` an environment counts with: of ``tokenizer``, else of
+    :func:`default_tokenizer`.
 
-    ``tokenizer`` may be a transformers tokenizer object or a string (hub id or local
-    directory), loaded lazily here with ``AutoTokenizer`` so that importing memgym stays light.
+    ``tokenizer`` may be a transformers tokenizer object, a ``tokenizers.Tokenizer`` or a string
+    (hub id or local directory), loaded lazily here with ``AutoTokenizer`` so that importing
+    memgym stays light.
     """
     if tokenizer is None:
-        return WordCounter()
+        return TokenCounter(default_tokenizer())
     if isinstance(tokenizer, str):
         tokenizer = _load_tokenizer(tokenizer)
     return TokenCounter(tokenizer)
+
+
+@lru_cache(maxsize=1)
+def default_tokenizer() -> Any:
+    """memgym's default tokenizer (:data:`DEFAULT_TOKENIZER_FILE`), a ``tokenizers.Tokenizer``."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(DEFAULT_TOKENIZER_FILE))
+
+
+_FINGERPRINTS: dict[int, tuple[Any, str]] = {}
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash of what decides how a tokenizer counts (normaliser, pre-tokeniser, model,
+    added tokens), equal for a transformers fast tokenizer and the ``tokenizers.Tokenizer`` it
+    wraps. An env puts it in ``info["budget_tokenizer"]`` so that an agent counting with another
+    tokenizer (another unit) is told at once."""
+    known = _FINGERPRINTS.get(id(tokenizer))
+    if known is not None and known[0] is tokenizer:
+        return known[1]
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    spec = json.loads(backend.to_str())
+    keep = {k: spec.get(k) for k in ("added_tokens", "normalizer", "pre_tokenizer", "model")}
+    digest = hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+    _FINGERPRINTS[id(tokenizer)] = (tokenizer, digest)
+    return digest
 
 
 def _load_tokenizer(spec: str) -> Any:

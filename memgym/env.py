@@ -3,6 +3,12 @@
 Each step delivers one chunk; the agent's action for it becomes its new memory (cut to the
 memory budget). After the last chunk the agent answers; the episode terminates with the
 answer's score as reward. See the README quickstart and docs/gym.md for the info keys.
+
+One unit everywhere: ``memory_budget`` and ``chunk_size`` are counted in **tokens** of the env's
+``tokenizer`` (the agent's: ``memopd.eval`` and ``memopd.train`` pass the model's), or, made
+without one, of memgym's default tokenizer (the tiny presets'; :func:`memgym.chunking.default_tokenizer`).
+``info["budget_unit"]`` is ``"tokens"`` and ``info["budget_tokenizer"]`` names the tokenizer
+(:func:`memgym.chunking.tokenizer_fingerprint`), so an agent counting with another one is told.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from typing import Any, Iterator
 
 import gymnasium as gym
 
-from memgym.chunking import Chunk, Counter, count_chunks, iter_chunks, make_counter
+from memgym.chunking import Chunk, TokenCounter, count_chunks, iter_chunks, make_counter
 from memgym.data import Sample
 from memgym.errors import EpisodeEndedError, ResetNeededError
 from memgym.registry import ENV_SETTINGS, TaskSpec, get_task, load_task
@@ -39,7 +45,8 @@ class MemoryQAEnv(gym.Env[str, str]):
         task: a registered id or name (``"LongQA"``, ``"memgym/LongQA-v0"``).
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the observation text).
         **kwargs: the settings of :data:`ENV_DEFAULTS` (see the kwargs table in docs/gym.md);
-            any other kwarg goes to the task's ``make_source`` (e.g. ``hops=2``).
+            any other kwarg goes to the task's ``make_source`` (e.g. ``hops=2``). ``memory_budget``
+            and ``chunk_size`` are in tokens of ``tokenizer`` (default: memgym's default tokenizer).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -59,7 +66,7 @@ class MemoryQAEnv(gym.Env[str, str]):
         self.memory_budget: int = settings["memory_budget"]
         self.scorer: str = settings["scorer"]
         self.hotpot_rules: bool = settings["hotpot_rules"]
-        self.counter: Counter = make_counter(settings["tokenizer"])
+        self.counter: TokenCounter = make_counter(settings["tokenizer"])
         max_len = settings["max_text_length"]
         _check_chunk_fits(self.chunk_size, max_len, self.counter.unit)
         self.source = self._make_source(settings, source_kwargs)
@@ -259,6 +266,7 @@ class MemoryQAEnv(gym.Env[str, str]):
             "memory_size": self._memory_size,
             "memory_budget": self.memory_budget,
             "budget_unit": self.counter.unit,
+            "budget_tokenizer": self.counter.fingerprint,
             "memory_truncated": self._cut > 0,
             "memory_cut": self._cut,
         }

@@ -398,7 +398,18 @@ def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out:
     header = f"{env_id}  agent={args.agent}  model={model_label}  split={args.split}  episodes={len(episodes)}"
     print(format_table(summary, header))
     print(f"saved {episodes_path} and {out / 'summary.json'}")
+    warn_dropped(episodes)
     return summary
+
+
+def warn_dropped(episodes: Sequence[Any]) -> None:
+    """Say when a scripted oracle's memory could not hold what its answers needed (those episodes
+    score less: the oracle answers from its memory alone)."""
+    short = [e for e in episodes if getattr(e, "dropped_facts", None)]
+    if short:
+        print(f"warning: in {len(short)} of {len(episodes)} episodes the memory budget cannot hold what the "
+              f"answer needs (e.g. {short[0].dropped_facts[0]!r}; see dropped_facts in episodes.jsonl); the oracle "
+              "answers only from its memory: raise --env-kwarg memory_budget", file=sys.stderr)
 
 
 def summarize(episodes: Sequence[Any], wall_s: float | None = None) -> dict[str, Any]:

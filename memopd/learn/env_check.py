@@ -35,7 +35,7 @@ def check_env_settings(cfg: Any, tokenizer: Any, episodes: int = 4) -> None:
     """Play a few episodes of each split of ``--env`` as the run will, before any model work.
 
     The run counts ``chunk_size`` and ``memory_budget`` in the student's tokens, where a task's
-    defaults may be written for words or for another tokenizer; and the auto teacher and the warm
+    defaults may be written for another tokenizer; and the auto teacher and the warm
     start learn from oracle trajectories, whose memory keeps whole supporting facts. A setting that
     cannot work here is a :class:`ConfigError` naming the ``--env-kwarg`` value to pass."""
     import gymnasium as gym
