@@ -9,7 +9,10 @@ remains for generators called on their own. A :class:`Counter` hides which; the 
 memory cut and the generators that size their input (LongQA plans chunks exactly) share one.
 
 Chunking rules (the environment contract):
-- documents are rendered as ``"Document i: <title>\\n<text>"`` (``i`` is 1-based in the stream);
+- documents are rendered as ``"Document i: <title>\\n<text>"``; ``i`` counts the stream from a
+  first label (:func:`first_label`): 1 (``numbering="sequential"``), a random offset drawn per
+  sample (``"random"``: training sees the labels long inputs have) or no label at all (``"none"``:
+  ``"Document: <title>"``);
 - a chunk holds whole documents, packed greedily in order, while they fit;
 - a document longer than a chunk is split at word boundaries, preferring sentence ends; its
   continuation pieces repeat the header with ``(continued)``;
@@ -203,13 +206,38 @@ def _load_tokenizer(spec: str) -> Any:
                          "or leave tokenizer unset to count words") from None
 
 
-def document_header(index: int, title: str, continued: bool = False) -> str:
-    header = f"Document {index}: {title}".rstrip()
+NUMBERINGS = ("sequential", "random", "none")
+"""How documents are labelled (the env's ``numbering`` setting; see :func:`first_label`)."""
+RANDOM_LABELS = 10_000
+"""``numbering="random"``: the first label of a sample is drawn from 1..RANDOM_LABELS."""
+
+
+def first_label(numbering: str, sample_id: str) -> int | None:
+    """The label of a sample's first document: 1 (``"sequential"``), a number drawn from the sample
+    id in 1..:data:`RANDOM_LABELS` (``"random"``: the same sample is always labelled alike, and a
+    training run sees labels up to RANDOM_LABELS + its documents), or None (``"none"``: no labels)."""
+    if numbering == "sequential":
+        return 1
+    if numbering == "none":
+        return None
+    if numbering == "random":
+        digest = hashlib.sha256(f"memgym-numbering/{sample_id}".encode()).digest()
+        return 1 + int.from_bytes(digest[:8], "big") % RANDOM_LABELS
+    raise ValueError(f"numbering must be one of {NUMBERINGS}, got {numbering!r}")
+
+
+def label(first: int | None, position: int) -> int | None:
+    """The label of the document at 1-based ``position`` when the first is labelled ``first``."""
+    return None if first is None else first + position - 1
+
+
+def document_header(index: int | None, title: str, continued: bool = False) -> str:
+    header = (f"Document {index}: {title}" if index is not None else f"Document: {title}").rstrip()
     return header + " (continued)" if continued else header
 
 
-def render_document(index: int, doc: Document) -> str:
-    """How a document appears in a chunk; ``index`` is 1-based."""
+def render_document(index: int | None, doc: Document) -> str:
+    """How a document appears in a chunk; ``index`` is its label (None: unlabelled)."""
     return f"{document_header(index, doc.title)}\n{doc.text}"
 
 
@@ -258,11 +286,11 @@ class Chunk:
 
     text: str
     size: int
-    first_document: int  # 1-based index of the first document (piece) in the chunk
+    first_document: int  # 1-based position of the first document (piece) in the chunk
     last_document: int
 
 
-def _split_long(index: int, doc: Document, chunk_size: int, counter: Counter) -> Iterator[tuple[str, int]]:
+def _split_long(index: int | None, doc: Document, chunk_size: int, counter: Counter) -> Iterator[tuple[str, int]]:
     """Split one over-long document into pieces of at most ``chunk_size`` units.
 
     Words are packed greedily; a piece ends at the last sentence end that fits when there is
@@ -294,44 +322,49 @@ def _split_long(index: int, doc: Document, chunk_size: int, counter: Counter) ->
         w, continued = end, True
 
 
-def iter_pieces(documents: Iterable[Document], chunk_size: int, counter: Counter) -> Iterator[tuple[int, str, int]]:
-    """Rendered pieces ``(document_index, text, units)``: whole documents, or parts of long ones."""
-    for index, doc in enumerate(documents, start=1):
-        text = render_document(index, doc)
+def iter_pieces(documents: Iterable[Document], chunk_size: int, counter: Counter,
+                first: int | None = 1) -> Iterator[tuple[int, str, int]]:
+    """Rendered pieces ``(document_position, text, units)``: whole documents, or parts of long
+    ones; positions are 1-based, labels start at ``first`` (None: unlabelled)."""
+    for position, doc in enumerate(documents, start=1):
+        text = render_document(label(first, position), doc)
         units = counter.count(text)
         if units <= chunk_size:
-            yield index, text, units
+            yield position, text, units
         else:
-            for piece, piece_units in _split_long(index, doc, chunk_size, counter):
-                yield index, piece, piece_units
+            for piece, piece_units in _split_long(label(first, position), doc, chunk_size, counter):
+                yield position, piece, piece_units
 
 
-def iter_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None) -> Iterator[Chunk]:
-    """Stream the chunks of a document sequence (lazily; nothing is materialised beyond a chunk)."""
+def iter_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None,
+                first: int | None = 1) -> Iterator[Chunk]:
+    """Stream the chunks of a document sequence (lazily; nothing is materialised beyond a chunk);
+    documents are labelled from ``first`` (:func:`first_label`)."""
     counter = counter or WordCounter()
     packer = Packer(chunk_size, counter)
     parts: list[str] = []
-    first = last = 0
-    for index, text, units in iter_pieces(documents, chunk_size, counter):
+    first_doc = last = 0
+    for index, text, units in iter_pieces(documents, chunk_size, counter, first):
         if parts and not packer.fits(units):
-            yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first, last)
+            yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first_doc, last)
             packer.close()
             parts = []
         if not parts:
-            first = index
+            first_doc = index
         packer.add(units)
         parts.append(text)
         last = index
     if parts:
-        yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first, last)
+        yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first_doc, last)
 
 
-def count_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None) -> int:
+def count_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None,
+                 first: int | None = 1) -> int:
     """Number of chunks :func:`iter_chunks` would give, without joining any chunk text."""
     counter = counter or WordCounter()
     packer = Packer(chunk_size, counter)
     n = 0
-    for _, _, units in iter_pieces(documents, chunk_size, counter):
+    for _, _, units in iter_pieces(documents, chunk_size, counter, first):
         if packer.pieces and not packer.fits(units):
             packer.close()
         if not packer.pieces:

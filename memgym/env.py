@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import gymnasium as gym
 
-from memgym.chunking import Chunk, TokenCounter, count_chunks, iter_chunks, make_counter
+from memgym.chunking import NUMBERINGS, Chunk, TokenCounter, count_chunks, first_label, iter_chunks, make_counter
 from memgym.data import Sample
 from memgym.errors import EpisodeEndedError, ResetNeededError
 from memgym.registry import ENV_SETTINGS, TaskSpec, get_task, load_task
@@ -66,6 +66,7 @@ class MemoryQAEnv(gym.Env[str, str]):
         self.memory_budget: int = settings["memory_budget"]
         self.scorer: str = settings["scorer"]
         self.hotpot_rules: bool = settings["hotpot_rules"]
+        self.numbering: str = settings["numbering"]
         self.counter: TokenCounter = make_counter(settings["tokenizer"])
         max_len = settings["max_text_length"]
         _check_chunk_fits(self.chunk_size, max_len, self.counter.unit)
@@ -96,6 +97,8 @@ class MemoryQAEnv(gym.Env[str, str]):
         for key in ("num_chunks", "context_length"):
             if settings[key] is not None:
                 _check_int(settings, key, 1)
+        if settings["numbering"] not in NUMBERINGS:
+            raise ValueError(f"numbering must be one of {NUMBERINGS}, got {settings['numbering']!r}")
         if settings["scorer"] not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {settings['scorer']!r}")
         self.task.check_split(settings["split"])
@@ -104,7 +107,8 @@ class MemoryQAEnv(gym.Env[str, str]):
 
     def _make_source(self, settings: dict[str, Any], source_kwargs: dict[str, Any]):
         sizing = {"chunk_size": settings["chunk_size"], "num_chunks": settings["num_chunks"],
-                  "context_length": settings["context_length"], "counter": self.counter}
+                  "context_length": settings["context_length"], "counter": self.counter,
+                  "numbering": settings["numbering"], "memory_budget": settings["memory_budget"]}
         for key in ("num_chunks", "context_length"):
             if sizing[key] is not None and not self.task.accepts(key):
                 raise ValueError(f"task {self.task.name} does not take {key}: its input length comes from its data; "
@@ -120,10 +124,11 @@ class MemoryQAEnv(gym.Env[str, str]):
         index = self._select(options)
         sample = self.source[index]
         self._sample = sample
+        first = first_label(self.numbering, sample.id)
         planned = getattr(sample.documents, "num_chunks_for", None)
-        n = planned(self.chunk_size, self.counter) if planned else None
-        self._num_chunks = n if n is not None else count_chunks(sample.documents, self.chunk_size, self.counter)
-        self._chunks = iter_chunks(sample.documents, self.chunk_size, self.counter)
+        n = planned(self.chunk_size, self.counter, first) if planned else None
+        self._num_chunks = n if n is not None else count_chunks(sample.documents, self.chunk_size, self.counter, first)
+        self._chunks = iter_chunks(sample.documents, self.chunk_size, self.counter, first)
         self._memory, self._memory_size = "", 0
         self._cut = 0
         self._chunk_index = 0

@@ -102,7 +102,7 @@ def test_local_directory_roundtrip_and_dtype(tmp_path, tiny):
 
 
 def test_unknown_preset_lists_presets():
-    with pytest.raises(ModelLoadError, match=r"unknown model spec 'tinny'.*tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, smollm2"):
+    with pytest.raises(ModelLoadError, match=r"unknown model spec 'tinny'.*tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-digits, tiny-teacher-digits, smollm2"):
         models.load("tinny")
 
 

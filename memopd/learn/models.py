@@ -23,6 +23,14 @@ MODEL_LR = 1e-6
 TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "batch_episodes": 32, "lr": 3e-3}
 
 
+def teacher_recipe(cfg: Any) -> dict[str, Any]:
+    """The auto teacher's SFT settings: :data:`TEACHER_SFT`, with the teacher preset that shares the
+    student's tokenizer (``tiny-teacher-digits`` for ``tiny-digits``; else ``tiny-teacher``)."""
+    from agents.presets import TEACHER_OF
+
+    return {**TEACHER_SFT, "model": TEACHER_OF.get(cfg.model, TEACHER_SFT["model"])}
+
+
 def default_teacher_dir(cfg: Any) -> Path:
     """Cache location of the auto teacher, keyed by everything that shapes it."""
     from agents.models import cache_dir
@@ -33,7 +41,7 @@ def default_teacher_dir(cfg: Any) -> Path:
     # the task folder's files too: an edited custom task must not reuse a teacher of its old version
     task = get_task(cfg.env).fingerprint()
     key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, "task": task, "preset_format": PRESET_FORMAT,
-                      **TEACHER_SFT}, sort_keys=True)
+                      **teacher_recipe(cfg)}, sort_keys=True)
     return cache_dir() / "teachers" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -47,10 +55,11 @@ def ensure_teacher(cfg: Any, log=print) -> str:
         return str(out)
     from memopd.sft import SFTConfig, run as run_sft
 
-    log(f"teacher: none cached for {cfg.env}; building it now: SFT of {TEACHER_SFT['model']} on "
-        f"{TEACHER_SFT['num_episodes']} oracle trajectories, {TEACHER_SFT['steps']} steps (cached at {out})")
+    recipe = teacher_recipe(cfg)
+    log(f"teacher: none cached for {cfg.env}; building it now: SFT of {recipe['model']} on "
+        f"{recipe['num_episodes']} oracle trajectories, {recipe['steps']} steps (cached at {out})")
     sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=cfg.seed + 1,
-                        threads=cfg.threads, **TEACHER_SFT)
+                        threads=cfg.threads, **recipe)
     run_sft(sft_cfg, progress=cfg.progress)
     return str(out)
 
@@ -128,4 +137,4 @@ class Critic(torch.nn.Module):
 
 
 __all__ = ["MODEL_LR", "TEACHER_SFT", "TINY_LR", "Critic", "default_teacher_dir", "ensure_teacher", "pad_id",
-           "resolve_defaults", "warm_start_student"]
+           "resolve_defaults", "teacher_recipe", "warm_start_student"]
