@@ -140,10 +140,13 @@ def _sources(digits: bool = False) -> tuple[list[str], Iterator[str]]:
 
 
 def digit_corpus() -> Iterator[str]:
-    """The digit presets' task text: LongQA's (:func:`memgym.generators.longqa.tokenizer_corpus`)."""
+    """The digit presets' task text: LongQA's (:func:`memgym.generators.longqa.tokenizer_corpus`),
+    then the memory tasks' (:func:`memgym.generators.memory_tasks.tokenizer_corpus`)."""
     from memgym.generators.longqa import tokenizer_corpus
+    from memgym.generators.memory_tasks import tokenizer_corpus as memory_corpus
 
     yield from tokenizer_corpus()
+    yield from memory_corpus()
 
 
 def tokenizer_texts(digits: bool = False) -> Iterator[str]:
@@ -168,8 +171,13 @@ def corpus_fingerprint(digits: bool = False) -> str:
     :func:`digit_corpus`): when the task generator or the templates change, so does the
     fingerprint (and the cached presets are rebuilt)."""
     templates, corpus = _sources(digits)
+    texts = itertools.chain(templates, itertools.islice(corpus, FINGERPRINT_TEXTS))
+    if digits:  # the memory tasks' text comes after LongQA's: hash its first texts too
+        from memgym.generators.memory_tasks import tokenizer_corpus as memory_corpus
+
+        texts = itertools.chain(texts, itertools.islice(memory_corpus(), FINGERPRINT_TEXTS))
     h = hashlib.sha256()
-    for text in itertools.chain(templates, itertools.islice(corpus, FINGERPRINT_TEXTS)):
+    for text in texts:
         h.update(text.encode("utf-8"))
         h.update(b"\0")
     return h.hexdigest()

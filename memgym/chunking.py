@@ -190,11 +190,12 @@ def _load_tokenizer(spec: str) -> Any:
     looks_local = os.path.isabs(expanded) or spec.startswith((".", "~")) or os.path.exists(expanded)
     if looks_local and not os.path.exists(expanded):
         raise ValueError(f"tokenizer={spec!r}: no such directory; give a directory holding a saved tokenizer "
-                         "(tokenizer.json), a hub id such as 'gpt2', or leave tokenizer unset to count words")
+                         "(tokenizer.json), a hub id such as 'gpt2', or leave tokenizer unset (memgym's default)")
     files = ("tokenizer.json", "tokenizer_config.json")
     if os.path.isdir(expanded) and not any(os.path.isfile(os.path.join(expanded, f)) for f in files):
         raise ValueError(f"tokenizer={spec!r}: the directory holds no tokenizer files ({', '.join(files)}); give a "
-                         "directory a tokenizer was saved to (save_pretrained), or leave tokenizer unset to count words")
+                         "directory a tokenizer was saved to (save_pretrained), or leave tokenizer unset (memgym's "
+                         "default)")
     from transformers import AutoTokenizer  # lazy: heavy import
 
     try:
@@ -203,7 +204,7 @@ def _load_tokenizer(spec: str) -> Any:
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         what = "a directory holding a saved tokenizer (tokenizer.json)" if looks_local else "a hub id such as 'gpt2'"
         raise ValueError(f"tokenizer={spec!r}: could not load a tokenizer from it ({first[:200]}); give {what}, "
-                         "or leave tokenizer unset to count words") from None
+                         "or leave tokenizer unset (memgym's default)") from None
 
 
 NUMBERINGS = ("sequential", "random", "none")
