@@ -13,7 +13,10 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from memgym.perturb import Perturbation
 
 ROLES = ("memory", "answer")
 
@@ -230,6 +233,21 @@ class Episode:
     @dropped_facts.setter
     def dropped_facts(self, facts: list[str] | None) -> None:
         _set_meta(self.meta, "dropped_facts", facts)
+
+    @property
+    def perturbations(self) -> list["Perturbation"] | None:
+        """The memories the perturbed-memory control replaced in this episode
+        (:class:`memgym.perturb.Perturbation`: kind, after which chunk, what was there, what replaced
+        it, whether a supporting fact was read again); None for an unperturbed episode. Kept in
+        ``meta["perturbations"]``."""
+        from memgym.perturb import Perturbation
+
+        raw = self.meta.get("perturbations")
+        return [Perturbation.from_dict(d) for d in raw] if raw else None
+
+    @perturbations.setter
+    def perturbations(self, records: list["Perturbation"] | None) -> None:
+        _set_meta(self.meta, "perturbations", [r.to_dict() for r in records] if records else None)
 
 
     def to_dict(self) -> dict[str, Any]:

@@ -161,6 +161,22 @@ class MemoryQAEnv(gym.Env[str, str]):
         self._obs = self._observation()
         return self._obs, reward, self._phase == "done", False, self._info()
 
+    @property
+    def sample(self) -> Sample | None:
+        """The sample of the running episode (None before the first reset)."""
+        return self._sample
+
+    def replace_memory(self, text: str) -> tuple[str, dict[str, Any]]:
+        """Replace the memory the next step reads (the perturbed-memory control,
+        :class:`memgym.perturb.MemoryPerturbation`): cut to the budget as an action is; returns the
+        new observation and info."""
+        if self._sample is None or self._phase == "done":
+            raise ResetNeededError("replace_memory needs a running episode (reset first; not after the answer)")
+        memory, size, cut = self.counter.cut(text, self.memory_budget)
+        self._memory, self._memory_size, self._cut = self._fit_memory(memory, size, cut)
+        self._obs = self._observation()
+        return self._obs, self._info()
+
     def render(self) -> str | None:
         if self.render_mode == "ansi":
             return self._obs + "\n" if self._sample is not None else "(call reset() first)\n"
