@@ -53,7 +53,7 @@ def check_env_settings(cfg: Any, tokenizer: Any, episodes: int = 4) -> None:
             agent = OracleAgent.for_env(env, tokenizer=tokenizer) if oracle else None
             for seed in range(episodes):
                 if agent is not None:
-                    _check_facts_fit(env.unwrapped, run_episode(env, agent, seed=seed).sample_id, cfg)
+                    _check_facts_fit(env.unwrapped, run_episode(env, agent, seed=seed), cfg)
                 else:
                     _play_empty(env, seed)
             env.close()
@@ -79,11 +79,20 @@ def _play_empty(env: Any, seed: int) -> None:
         _, _, _, _, info = env.step("")
 
 
-def _check_facts_fit(env: Any, sample_id: str, cfg: Any) -> None:
-    """The oracle keeps whole supporting facts: one longer than the memory budget leaves it nothing."""
+def _check_facts_fit(env: Any, episode: Any, cfg: Any) -> None:
+    """The oracle keeps whole supporting facts: one longer than the memory budget leaves it nothing.
+    A task with its own oracle script (memgym.oracle) keeps other items: refused only when the
+    oracle's memory stayed empty and it could not answer."""
     from agents.oracle import supporting_texts
 
-    sample = env.source[env.source.index_of(sample_id)]
+    sample = env.source[env.source.index_of(episode.sample_id)]
+    if getattr(sample, "oracle", None) is not None:
+        if episode.dropped_facts and not any(i.response_text for i in episode.invocations if i.role == "memory"):
+            raise OracleDataError(
+                f"--env {cfg.env}: memory_budget={env.memory_budget} {env.counter.unit} holds nothing the oracle keeps "
+                f"(it needs {episode.dropped_facts[0]!r}, in the student's tokenizer), so the oracle trajectories that "
+                "build the auto teacher and warm up the student keep no memory; pass a larger --env-kwarg memory_budget")
+        return
     sizes = [env.counter.count(fact) for fact in supporting_texts(sample)]
     if max(sizes) > env.memory_budget:
         unit = env.counter.unit
