@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import pickle
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -60,6 +61,25 @@ def linear_names(model: torch.nn.Module) -> set[str]:
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n}
 
 
+ALL_LINEAR = "all-linear"
+"""``--lora-targets all-linear``: every linear layer but the output head (peft's name for it)."""
+
+
+def resolve_targets(model: torch.nn.Module, targets: Sequence[str]) -> list[str]:
+    """The layers that get adapters. ``all-linear``: every linear layer but the output head. The
+    default (:data:`DEFAULT_TARGETS`, a Llama-style decoder's projections) on a model that lacks
+    some of them (fused projections: Phi3's ``qkv_proj`` and ``gate_up_proj``, GPT-NeoX's
+    ``query_key_value``) also means every linear layer but the head: the same coverage, in that
+    family's names. Any other list is taken as given (and checked by :func:`check_targets`)."""
+    targets = list(targets)
+    have = linear_names(model)
+    if targets == [ALL_LINEAR] or (targets == list(DEFAULT_TARGETS) and not set(targets) <= have):
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        heads = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if m is head and n}
+        return sorted(have - heads)
+    return targets
+
+
 def check_targets(model: torch.nn.Module, targets: Sequence[str]) -> None:
     """Every name in ``targets`` must be a linear layer of ``model`` (LoRAError naming those that exist)."""
     have = linear_names(model)
@@ -76,7 +96,7 @@ def apply_lora(model: torch.nn.Module, r: int, alpha: float, dropout: float = 0.
     zero, so the adapted model starts equal to the base model. ``base``: the model spec the
     adapters belong to (written into an adapter directory)."""
     peft = require_peft()
-    targets = list(targets)
+    targets = resolve_targets(model, targets)
     check_targets(model, targets)
     config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none",
                              task_type="CAUSAL_LM")
@@ -221,15 +241,88 @@ def adapter_base(path: str | Path) -> str:
     """The base model spec of an adapter directory (``base_model.json``, else peft's config)."""
     p = Path(path)
     if (p / BASE_FILE).is_file():
-        return json.loads((p / BASE_FILE).read_text())["model"]
-    return json.loads((p / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+        try:
+            return str(json.loads((p / BASE_FILE).read_text())["model"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LoRAError(f"{p / BASE_FILE}: unreadable ({type(exc).__name__}: {exc}); it names the base model "
+                            "as {\"model\": SPEC}") from None
+    base = read_adapter_config(p).get("base_model_name_or_path")
+    if not base:
+        raise LoRAError(f"{p / ADAPTER_CONFIG}: names no base_model_name_or_path, and there is no {BASE_FILE}")
+    return str(base)
+
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+"""The adapter weight files peft reads, in its order of preference."""
+
+
+def read_adapter_config(path: str | Path) -> dict[str, Any]:
+    file = Path(path) / ADAPTER_CONFIG
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise LoRAError(f"{file}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(config, dict):
+        raise LoRAError(f"{file}: not a JSON object (peft's adapter config)")
+    return config
+
+
+def read_adapter_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter tensors of directory ``path``: ``adapter_model.safetensors``, else a pickled
+    ``adapter_model.bin`` read as weights only (a pickle of other objects is refused: loading it
+    could run code)."""
+    p = Path(path)
+    file = next((p / name for name in ADAPTER_WEIGHTS if (p / name).is_file()), None)
+    if file is None:
+        raise LoRAError(f"{p}: no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(file))
+        else:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise LoRAError(f"{file}: refused: it pickles objects other than tensors, and loading them could run code; "
+                        "save the adapters with peft's save_pretrained (adapter_model.safetensors)") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged file raises many types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise LoRAError(f"{file}: unreadable as adapter weights ({type(exc).__name__}: {first}); save the adapters "
+                        "with peft's save_pretrained (adapter_model.safetensors)") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise LoRAError(f"{file}: not a dict of tensors (a state dict of adapter weights)")
+    return state
+
+
+def check_adapter_dir(path: str | Path) -> None:
+    """The adapter directory's config and weights agree before peft reads them: every LoRA A
+    matrix has the rank ``r`` that ``adapter_config.json`` names (or its ``rank_pattern``'s)."""
+    config = read_adapter_config(path)
+    state = read_adapter_weights(path)
+    r, pattern = config.get("r"), config.get("rank_pattern") or {}
+    for key, tensor in state.items():
+        if ".lora_A" not in key or tensor.dim() != 2:
+            continue
+        want = next((v for k, v in pattern.items() if k in key), r)
+        if isinstance(want, int) and tensor.shape[0] != want:
+            raise LoRAError(f"{Path(path) / ADAPTER_CONFIG} says r = {want}, but its weights have rank "
+                            f"{tensor.shape[0]} ({key}: {list(tensor.shape)}); set \"r\": {tensor.shape[0]} there, "
+                            "or use the config the adapters were saved with")
 
 
 def load_adapters(model: torch.nn.Module, path: str | Path, merge: bool = True) -> torch.nn.Module:
     """``model`` (the base) with the adapters of directory ``path``: merged into plain weights
-    (default), or kept as adapters (the returned model then carries them, as :func:`apply_lora`'s)."""
+    (default), or kept as adapters (the returned model then carries them, as :func:`apply_lora`'s).
+    A config that disagrees with the weights, or weights that cannot be read safely, are a
+    :class:`LoRAError` that names the file."""
     peft = require_peft()
-    wrapper = peft.PeftModel.from_pretrained(model, str(path), is_trainable=not merge)
+    check_adapter_dir(path)
+    try:
+        wrapper = peft.PeftModel.from_pretrained(model, str(path), is_trainable=not merge)
+    except Exception as exc:  # noqa: BLE001 - peft raises many types for a directory it cannot use
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise LoRAError(f"{path}: peft cannot load these adapters onto the base model ({type(exc).__name__}: "
+                        f"{first})") from None
     if merge:
         return wrapper.merge_and_unload()
     inner = wrapper.get_base_model()
@@ -237,6 +330,8 @@ def load_adapters(model: torch.nn.Module, path: str | Path, merge: bool = True) 
     return inner
 
 
-__all__ = ["AdapterWriter", "DEFAULT_TARGETS", "LoRAError", "adapter_base", "adapter_state", "adapters_off", "apply_lora",
+__all__ = ["ADAPTER_WEIGHTS", "ALL_LINEAR", "AdapterWriter", "DEFAULT_TARGETS", "LoRAError", "adapter_base", "check_adapter_dir",
+           "read_adapter_config", "read_adapter_weights", "adapter_state", "adapters_off", "apply_lora",
            "check_targets", "has_adapters", "is_adapter_dir", "linear_names", "load_adapter_state", "load_adapters",
-           "merged_copy", "merged_state_dict", "peft_model", "require_peft", "save_adapter_dir", "trainable_names"]
+           "merged_copy", "merged_state_dict", "peft_model", "require_peft", "resolve_targets", "save_adapter_dir",
+           "trainable_names"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,8 +86,9 @@ def load(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device:
             return _load_training_output(path, dtype=dtype, device=device, cache_dir=root, merge=merge_adapters)
     elif Path(s).expanduser().exists():
         raise ModelLoadError(f"{s} is a file; expected a model directory (with config.json) or a .gguf file")
-    elif s.startswith((".", "/", "~")) or "\\" in s or s.count("/") > 1:
-        raise FileNotFoundError(f"model path not found: {s} (expected a directory with config.json, or a .gguf file)")
+    elif s.startswith((".", "/", "~")) or "\\" in s or s.count("/") > 1 or not HUB_ID.fullmatch(s) \
+            or Path(s.split("/")[0]).expanduser().is_dir():
+        raise FileNotFoundError(_not_found(s))
     elif "/" not in s:
         raise ModelLoadError(
             f"unknown model spec {s!r}: not a preset and not an existing path. Presets: {', '.join(PRESET_NAMES)}; "
@@ -95,6 +97,30 @@ def load(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device:
     else:
         return _finish(*_load_hub(s), dtype=dtype, device=device, what=s)
     return _finish(*_load_dir(path), dtype=dtype, device=device, what=s)
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+"""What may be a hub id (``org/name``); anything else is a local path."""
+
+
+def _not_found(spec: str) -> str:
+    """The message for a local-looking path that does not exist: why it was not looked up on the
+    hub (its first part is a local directory), and the closest names there."""
+    path = Path(spec).expanduser()
+    first = spec.split("/")[0]
+    why = (f" ({first}/ is a local directory, so it was not looked up on the hub)"
+           if "/" in spec and not spec.startswith((".", "/", "~")) and Path(first).expanduser().is_dir() else "")
+    parent = next((p for p in path.parents if p.is_dir()), None)
+    hint = ""
+    if parent is not None:
+        import difflib
+
+        missing = path.relative_to(parent).parts[0] if parent != path else ""
+        close = difflib.get_close_matches(missing, [c.name for c in parent.iterdir()], n=3)
+        if close:
+            hint = "; did you mean " + " or ".join(str(parent / c) for c in close) + "?"
+    return (f"model path not found: {spec}{why}; expected a model directory (with config.json), a training run "
+            f"directory or checkpoint, or a .gguf file{hint}")
 
 
 def check_same_vocab(tok_a: Any, tok_b: Any, what: str = "teacher/student") -> None:

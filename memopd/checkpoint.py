@@ -213,8 +213,8 @@ def save_sharded(run_dir: str | Path, step: int, state: Any, trainer_state: dict
 def is_sharded(path: str | Path) -> bool:
     """Whether checkpoint ``path`` was written by :func:`save_sharded`."""
     try:
-        return json.loads((Path(path) / "meta.json").read_text()).get("format") == "dcp"
-    except (OSError, ValueError):
+        return read_meta(path).get("format") == "dcp"
+    except CheckpointError:
         return False
 
 
@@ -255,8 +255,22 @@ def _dcp_reason(exc: BaseException) -> str:
     return (errors or lines or [type(exc).__name__])[-1][:300]
 
 
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's ``meta.json``; one that is not a JSON object with its step is a
+    :class:`CheckpointError` naming the file."""
+    file = Path(path) / "meta.json"
+    try:
+        meta = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{file}: unreadable ({type(exc).__name__}: {exc}); the checkpoint is damaged") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"{file}: not a checkpoint's meta.json (expected an object with its \"step\"); the "
+                              "checkpoint is damaged")
+    return meta
+
+
 def _load_one(path: Path, modules: dict[str, torch.nn.Module], sharded: Any = None, rank: int = 0) -> dict[str, Any]:
-    meta = json.loads((path / "meta.json").read_text())
+    meta = read_meta(path)
     if meta.get("format") == "dcp":
         _load_sharded(path, sharded, meta.get("optimizers", []))
         state = _load_trainer_state(path)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 import sys
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar, get_args, get_origin, get_type_hints
@@ -220,6 +222,25 @@ def dump_toml(cfg: Any, header: Sequence[str] = ()) -> str:
     return "".join(f"# {line}\n" for line in header) + text
 
 
+def changed_options(cfg: Any) -> str:
+    """The options of ``cfg`` that differ from its class's defaults, as flags on one line (what a
+    run prints at start; every option is in its ``config.toml``)."""
+    out = []
+    for f in dataclasses.fields(cfg):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        value = getattr(cfg, f.name)
+        if value == default or (value is False and default is None):
+            continue
+        if isinstance(value, bool):
+            out.append(_flag(f.name) if value else "--no-" + _flag(f.name)[2:])
+        elif isinstance(value, dict):
+            out.extend(f"{kwarg_flag(f.name)} {k}={v!r}" for k, v in value.items())
+        else:
+            out.append(f"{_flag(f.name)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
+    return " ".join(out) or "(the defaults)"
+
+
 def toml_header(path: str | Path) -> list[str]:
     """The leading comment lines of a TOML file (without ``# ``), e.g. a run's resume history."""
     try:
@@ -275,12 +296,69 @@ def _owner(cls: type, name: str) -> type:
     return cls
 
 
+class OptionParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line (``error: ...``, with the closest flag for
+    a mistyped one) instead of the whole usage, and whose ``--help`` is short when the config
+    names its common options (``COMMON_OPTIONS``); ``--help-all`` prints every option's help."""
+
+    def __init__(self, *args: Any, common: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, add_help=False, **kwargs)
+        self.common = tuple(common)
+        self.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS,
+                          help="the common options, and every option group's flags" if self.common
+                          else "show this help and exit")
+        if self.common:
+            self.add_argument("--help-all", action="store_true", default=argparse.SUPPRESS,
+                              help="every option with its help")
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """One line on stderr and exit 2 (argparse's code), the closest flag named for a mistyped one."""
+        if message.startswith("unrecognized arguments: "):
+            known = [o for a in self._actions for o in a.option_strings]
+            hints = [f"{close[0]} for {flag}" for flag in message.split(": ", 1)[1].split() if flag.startswith("-")
+                     for close in [difflib.get_close_matches(flag.split("=")[0], known, n=1, cutoff=0.6)] if close]
+            if hints:
+                message += f" (did you mean {', '.join(hints)}?)"
+        self.exit(2, f"error: {message}; {self.prog} --help lists the options\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        ns = super().parse_args(args, namespace)
+        if getattr(ns, "help_all", False):
+            self.print_help()
+            self.exit()
+        if getattr(ns, "help", False):
+            print(self.short_help() if self.common else self.format_help(), end="")
+            self.exit()
+        return ns
+
+    def short_help(self) -> str:
+        """The description's first paragraph, the common options with their help, and every other
+        group's flags by name."""
+        intro = (self.description or "").strip().split("\n\n")[0]
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, [a for a in self._actions if a.dest in self.common], [])
+        formatter.add_text(intro)
+        formatter.start_section("Common options")
+        formatter.add_arguments([a for a in self._actions if a.dest in self.common or a.dest in ("help", "help_all")])
+        formatter.end_section()
+        out = [formatter.format_help()]
+        out.append(f"\nEvery option, by group ({self.prog} --help-all gives each one's help):\n")
+        for group in self._action_groups:
+            flags = [a.option_strings[0] for a in group._group_actions if a.dest not in ("help", "help_all")]
+            if flags:
+                title = "Configuration file" if group.title in ("options", "optional arguments") else group.title
+                out.append(textwrap.fill(" ".join(flags), width=100, initial_indent="    ", subsequent_indent="    ",
+                                         break_on_hyphens=False).join([f"  {title}:\n", "\n"]))
+        return "".join(out)
+
+
 def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:
     """One flag per field, grouped by the config slice (base dataclass) that declares it, under the
     first line of that slice's docstring; each help line says the default once and the choices of
-    an enumerated option (as its metavar)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    an enumerated option (as its metavar). A config with ``COMMON_OPTIONS`` gets a short ``--help``
+    (those options, and every group's flags by name) and ``--help-all``."""
+    parser = OptionParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          common=getattr(cls, "COMMON_OPTIONS", ()))
     parser.add_argument("--config", metavar="FILE.toml",
                         help="read options from a TOML file (keys as the flags, e.g. opd_coef = 0.5); "
                              "flags given here override it")

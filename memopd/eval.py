@@ -105,7 +105,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_backend_args(p)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
     p.add_argument("--out", default=None,
-                   help="output directory (default: runs/eval/<env>-<agent>-<timestamp>)")
+                   help="output directory (default: runs/eval/<env>-<agent>-<timestamp>); one that holds an "
+                        "evaluation already is refused unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the evaluation an existing --out holds (default: refuse, keep it)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                    help="progress bar (default: --progress)")
     return p.parse_args(argv)
@@ -322,12 +325,16 @@ class OutputDir:
 
     FILES = ("episodes.jsonl", "summary.json")
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, overwrite: bool = False) -> None:
         self.path = path
         self.made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+        held = [name for name in self.FILES if (path / name).is_file() and (path / name).stat().st_size]
+        if held and not overwrite:
+            raise CLIError(f"--out {path} already holds an evaluation ({', '.join(held)}); choose another --out, or "
+                           "pass --overwrite to replace it")
         try:
             path.mkdir(parents=True, exist_ok=True)
-            for name in self.FILES:  # a rerun into the same directory replaces its results
+            for name in self.FILES:  # --overwrite: the new run's results replace the old
                 (path / name).unlink(missing_ok=True)
             (path / self.FILES[0]).touch()  # proves the directory takes files before the slow part
         except (FileExistsError, NotADirectoryError):
@@ -359,7 +366,8 @@ def evaluate(argv: Sequence[str] | None = None) -> dict[str, Any]:
     check_env_kwargs(env_kwargs)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = OutputDir(Path(args.out) if args.out else
-                    Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{_label(args.agent)}-{stamp}")
+                    Path("runs") / "eval" / f"{env_id.replace('/', '_')}-{_label(args.agent)}-{stamp}",
+                    overwrite=args.overwrite)
     try:
         return _run(args, env_id, env_kwargs, out.path)
     except Exception:

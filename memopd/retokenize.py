@@ -5,7 +5,9 @@ The rule, deterministic from the record and the two tokenizers (no model involve
 
 1. **The view.** A call's prompt is cut at its shared prefix (``prefix_len``); each part is
    decoded by the student's tokenizer (special tokens kept as their text) and encoded by the
-   teacher's (which recognises its own special tokens by their text; nothing is added). The
+   teacher's as text that stands inside a document (:func:`encode`: the teacher's own normaliser
+   and pre-tokenizer, without the prefix space or ``▁`` they insert at a document's start; its
+   special tokens recognised by their text; nothing else is added). The
    response is decoded and encoded on its own, so the teacher's state ends where the student's
    did. With identical tokenizers (the same vocabulary, token for id) the view is the record
    itself, so this path equals the same-tokenizer one exactly.
@@ -43,7 +45,10 @@ Bias, and what happens at span boundaries:
 
 4. **The top-k** (``--opd-estimator topk``; two vocabularies have no token-for-token map). Each
    student token ``v`` belongs to the teacher token its text starts with: the first of the
-   teacher's tokens of ``decode(v)`` (:func:`first_pieces`; identical tokenizers: ``v`` itself).
+   teacher's tokens of ``decode(v)`` read inside a document, as :func:`encode` reads it
+   (:func:`first_pieces`; identical tokenizers: ``v`` itself). Read alone under
+   ``add_prefix_space``, ``pen`` would start with the teacher's ``" pen"`` and ``!`` with a lone
+   space: pieces that do not start the token's text.
    At the first student token of a chunk the teacher's state is the student's text exactly (the
    chunk starts where both tokenizations end), so there the teacher's next-token distribution
    over its own vocabulary is compared with the student's summed onto the teacher's tokens
@@ -65,6 +70,8 @@ Bias, and what happens at span boundaries:
 from __future__ import annotations
 
 import bisect
+import json
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -81,7 +88,62 @@ def decode(tokenizer: Any, ids: Sequence[int]) -> str:
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+    """The tokens of ``text`` as it stands inside a document, after other text: the tokenizer's own
+    normaliser and pre-tokenizer, without what they insert at a document's start (a ByteLevel
+    ``add_prefix_space``, a Metaspace prepend, a ``Prepend`` normaliser). Encoded alone, a preset
+    tokenizer reads ``pen`` as ``" pen"``; a piece of a text must keep the text (module rule 1)."""
+    if not text:
+        return []
+    inner = continuation_tokenizer(tokenizer)
+    if inner is None:  # a tokenizer without a ``tokenizers`` backend: its own encode
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(inner.encode(text, add_special_tokens=False).ids)
+
+
+_CONTINUATION: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def _no_document_start(node: Any) -> Any:
+    """A normaliser or pre-tokenizer (its JSON) with what it adds at a document's start taken out."""
+    if isinstance(node, list):
+        return [n for n in (_no_document_start(x) for x in node) if n is not None]
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if kind == "Prepend":  # SentencePiece-style "▁" before the text: only a document's start has it
+        return None
+    node = {k: _no_document_start(v) for k, v in node.items()}
+    if kind == "ByteLevel":
+        node["add_prefix_space"] = False
+    elif kind == "Metaspace":
+        node["prepend_scheme"] = "never"
+        node.pop("add_prefix_space", None)
+    elif kind == "Sequence":
+        for key in ("normalizers", "pretokenizers"):
+            if key in node and not node[key]:
+                return None
+    return node
+
+
+def continuation_tokenizer(tokenizer: Any) -> Any | None:
+    """A copy of ``tokenizer``'s ``tokenizers`` backend that encodes text as a continuation (see
+    :func:`encode`), made once per tokenizer; None where there is no such backend."""
+    if tokenizer in _CONTINUATION:
+        return _CONTINUATION[tokenizer]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    inner = None
+    if backend is not None:
+        from tokenizers import Tokenizer
+
+        spec = json.loads(backend.to_str())
+        for key in ("normalizer", "pre_tokenizer"):
+            if spec.get(key) is not None:
+                spec[key] = _no_document_start(spec[key])
+        inner = Tokenizer.from_str(json.dumps(spec))
+        inner.no_padding()
+        inner.no_truncation()
+    _CONTINUATION[tokenizer] = inner
+    return inner
 
 
 def token_ends(tokenizer: Any, ids: Sequence[int]) -> tuple[str, list[int | None]]:
@@ -198,9 +260,10 @@ def spread(teacher_logp: Sequence[float], alignment: Alignment) -> list[float]:
 
 
 def first_pieces(student_tok: Any, teacher_tok: Any) -> list[int]:
-    """For each student token id, the teacher's first token of its text (``encode(teacher,
-    decode(student, [v]))[0]``), or -1 (an empty text, or a byte-level token holding part of a
-    character). Identical tokenizers: the identity (module rule 4)."""
+    """For each student token id, the teacher's first token of its text inside a document
+    (``encode(teacher, decode(student, [v]))[0]``, :func:`encode` inserting no prefix space), or
+    -1 (an empty text, a byte-level token holding part of a character, or a text the teacher's
+    normaliser drops). Identical tokenizers: the identity (module rule 4)."""
     if same_tokenizer(student_tok, teacher_tok):
         return list(range(len(student_tok)))
     out = []

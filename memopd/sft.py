@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -60,6 +62,9 @@ class SFTConfig(LoRAOptions, TrainingOptions):
                          choices=("aligned", "persistent", "both"))
     steps: int = field(300, help="optimizer steps", range=(1, None))
     batch_episodes: int = field(32, help="episodes per optimizer step", range=(1, None))
+    checkpoint_every: int = field(0, help="save the fine-tuning's whole state (weights, optimizer, data order) to "
+                                          "OUT.partial every N steps; a rerun with the same options resumes there "
+                                          "and ends where an uninterrupted run would (0: off)", range=(0, None))
 
 
 def oracle_episodes(env_id: str, env_kwargs: dict[str, Any], tokenizer: Any, num_episodes: int, seed: int,
@@ -97,23 +102,74 @@ def nll_loss(model: torch.nn.Module, episodes: Sequence[Episode], pack_tokens: i
     return -logp.mean(), batch.num_actions
 
 
+STATE_FILE = "sft_state.pt"
+"""The file of a resumable fine-tuning's state, in its ``OUT.partial`` directory."""
+_NOT_RESULTS = ("progress", "threads", "out", "checkpoint_every")
+"""Options that do not change what a fine-tuning computes: a state saved under others still resumes."""
+
+
+def _state_key(cfg: SFTConfig, num_episodes: int) -> dict[str, Any]:
+    return {**{k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_RESULTS}, "episodes": num_episodes}
+
+
+def _save_state(state_dir: Path, key: dict[str, Any], step: int, model: torch.nn.Module, opt: Any, sched: Any,
+                rng: random.Random, order: list[int], history: list[dict[str, float]]) -> None:
+    """Everything a rerun needs to go on exactly, written atomically (a kill mid-write keeps the last)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = state_dir / (STATE_FILE + ".tmp")
+    torch.save({"key": key, "step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                "sched": sched.state_dict(), "rng": rng.getstate(), "torch_rng": torch.get_rng_state(),
+                "order": order, "history": history}, tmp)
+    os.replace(tmp, state_dir / STATE_FILE)
+
+
+def _load_state(state_dir: Path | None, key: dict[str, Any], log) -> dict[str, Any] | None:
+    path = None if state_dir is None else state_dir / STATE_FILE
+    if path is None or not path.is_file():
+        return None
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as exc:  # a file another version wrote, or a truncated one: start over
+        log(f"sft: {path} is unreadable ({type(exc).__name__}); starting over")
+        return None
+    if state.get("key") != key:
+        log(f"sft: {path} was saved with other options; starting over")
+        return None
+    log(f"sft: resuming from step {state['step']} ({path})")
+    return state
+
+
 def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfig, *, pad_token_id: int = 0,
-              progress: bool = True, log=None) -> list[dict[str, float]]:
+              progress: bool = True, log=None, state_dir: Path | None = None) -> list[dict[str, float]]:
     """Fine-tune ``model`` in place on the action tokens of ``episodes``; returns per-step stats.
-    Without ``progress``, ``log`` (default: stderr) gets the loss every tenth of the steps."""
+    Without ``progress``, ``log`` (default: stderr) gets the loss every tenth of the steps. With
+    ``state_dir`` and ``cfg.checkpoint_every``, the state is saved there every that many steps and
+    a state found there (saved with the same options) is resumed."""
     from tqdm.auto import tqdm
 
     if not episodes:
         raise ValueError("SFT needs at least one episode")
+    log = log or _stderr
     rng = random.Random(cfg.seed)
     params = trainable_parameters(model)  # a LoRA model: its adapters only
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lr_lambda(cfg.lr_schedule, cfg.warmup_steps, cfg.steps, cfg.lr_floor))
     model.train()
-    history = []
+    history: list[dict[str, float]] = []
     order: list[int] = []
-    bar = tqdm(range(cfg.steps), desc="sft", unit="step", disable=not progress)
+    key = _state_key(cfg, len(episodes))
+    start = 0
+    state = _load_state(state_dir, key, log) if cfg.checkpoint_every else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        start, order, history = state["step"], list(state["order"]), list(state["history"])
+    bar = tqdm(range(start, cfg.steps), desc="sft", unit="step", disable=not progress, initial=start,
+               total=cfg.steps)
     for step in bar:
         if len(order) < cfg.batch_episodes:
             fresh = list(range(len(episodes)))
@@ -136,8 +192,11 @@ def train_sft(model: torch.nn.Module, episodes: Sequence[Episode], cfg: SFTConfi
         history.append(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", refresh=False)
         if not progress and (step + 1) % max(1, cfg.steps // 10) == 0:  # a real model takes minutes: say so
-            (log or _stderr)(f"sft step {step + 1}/{cfg.steps}: loss {row['loss']:.4f}, "
-                             f"{dt:.1f} s, {row['tokens_per_s']:.1f} action tokens/s")
+            log(f"sft step {step + 1}/{cfg.steps}: loss {row['loss']:.4f}, "
+                f"{dt:.1f} s, {row['tokens_per_s']:.1f} action tokens/s")
+        if state_dir is not None and cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 \
+                and step + 1 < cfg.steps:
+            _save_state(state_dir, key, step + 1, model, opt, sched, rng, order, history)
     bar.close()
     model.eval()
     return history
@@ -185,8 +244,9 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
         print(f"Generating {cfg.num_episodes} oracle trajectories on {cfg.env} ...", file=sys.stderr)
         episodes = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, cfg.num_episodes, cfg.seed, progress=progress)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    state_dir = partial_dir(out) if cfg.checkpoint_every else None
     with compute_dtype(cfg.dtype, cfg.device):
-        history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress)
+        history = train_sft(model, episodes, cfg, pad_token_id=pad, progress=progress, state_dir=state_dir)
     extra = []
     if lora_on(cfg):  # the merged model in --out (loads anywhere), the adapters in --out/adapter
         from agents.lora import AdapterWriter, merged_copy
@@ -195,8 +255,15 @@ def run(cfg: SFTConfig, progress: bool | None = None) -> Path:
     save_pretrained(out, model, tokenizer, *extra, files={
         "sft_config.json": json.dumps(dataclasses.asdict(cfg), indent=2),
         "sft_metrics.jsonl": "".join(json.dumps(r) + "\n" for r in history)})
+    if state_dir is not None:
+        shutil.rmtree(state_dir, ignore_errors=True)
     print(f"SFT done: final loss {history[-1]['loss']:.4f}; model saved to {out}", file=sys.stderr)
     return out
+
+
+def partial_dir(out: Path) -> Path:
+    """Where a resumable fine-tuning into ``out`` keeps its state until it is done."""
+    return out.with_name(out.name + ".partial")
 
 
 def _check_env(env_id: str, env_kwargs: dict[str, Any]) -> None:

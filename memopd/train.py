@@ -73,6 +73,17 @@ def _resume_after_restart(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, resume=cfg.run_dir) if checkpoint.list_checkpoints(cfg.run_dir) else cfg
 
 
+def interrupted(cfg: TrainConfig) -> str:
+    """What Ctrl-C leaves: the last checkpoint kept, and the command that continues from it."""
+    run_dir = Path(cfg.run_dir)
+    last = checkpoint.list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if last:
+        return (f"interrupted: the last checkpoint is kept, {last[0]}; continue from it with: "
+                f"python -m memopd.train --resume {run_dir}")
+    return ("interrupted before the first checkpoint; nothing to resume: rerun the same command (a half-built "
+            "auto teacher resumes where it stopped)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: bad input prints ``error: ...`` and exits 2; a run stopped by non-finite losses
     exits 1."""
@@ -87,12 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if distributed.launched_size() > 1:  # every rank uses rank 0's run directory (its name holds a time)
             world = distributed.setup(cfg.device, cfg.dist_timeout)
             cfg = dataclasses.replace(cfg, run_dir=distributed.from_rank0(cfg.run_dir, world))
-        if distributed.launched_rank() == 0:
-            print("config:\n" + cfgmod.dump_toml(cfg), file=sys.stderr)
+        if distributed.launched_rank() == 0:  # every option goes to RUN_DIR/config.toml
+            print(f"config: {cfgmod.changed_options(cfg)} (all options: {cfg.run_dir}/config.toml)", file=sys.stderr)
         try:
             Trainer(cfg, log=lambda m: print(m, file=sys.stderr, flush=True)).fit()
         except TrainingError as exc:
             return fail(str(exc), code=1)
+        except KeyboardInterrupt:
+            if distributed.launched_rank() == 0:
+                print("\n" + interrupted(cfg), file=sys.stderr, flush=True)  # below the progress bar's line
+            return 130
         finally:
             distributed.shutdown()  # under torchrun: leave the process group cleanly
         return 0

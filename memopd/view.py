@@ -112,6 +112,7 @@ def load_source(path: str | Path) -> Source:
             _add_episodes(src, file, step)
         if (path / "config.toml").is_file():
             src.config_text = (path / "config.toml").read_text(encoding="utf-8")
+        src.summary = _read_summary(path / "summary.json", src.errors)  # written when training ends
         return src
     if (path / "episodes.jsonl").is_file():
         src = Source(path, "eval")
@@ -483,6 +484,7 @@ def report_data(src: Source, tokenizer: Any = None, failures_only: bool = False,
         "metrics": src.metrics,
         "panels": [{"title": t, "keys": list(k)} for t, k in PANELS],
         "summary": src.summary,
+        "heldout": heldout_line(src),
         "config": src.config_text,
         "kl_scale": all_kl[int(0.95 * (len(all_kl) - 1))] if all_kl else None,
         "tokenizer": tokenizer is not None,
@@ -552,6 +554,23 @@ def skipped_lines(errors: Sequence[str]) -> list[str]:
     return lines
 
 
+def heldout_line(src: Source) -> str | None:
+    """A training run's headline: its held-out F1 before and after training, from ``summary.json``
+    (the mean of its training samples mixes every step's policy, and is not the result)."""
+    if src.kind != "run" or not src.summary:
+        return None
+    before, after = src.summary.get("eval_before") or {}, src.summary.get("eval_after") or {}
+    if not isinstance(after, dict) or "f1" not in after:
+        return None
+    start = f"{before['f1']:.3f} -> " if isinstance(before, dict) and "f1" in before else ""
+    n = None
+    try:
+        n = _tomllib().loads(src.config_text or "").get("eval_episodes")
+    except ValueError:  # TOMLDecodeError: a hand-edited config; the line goes without the count
+        pass
+    return f"held-out F1 {start}{after['f1']:.3f}" + (f" ({n} test episodes)" if isinstance(n, int) else "")
+
+
 def find_episode(src: Source, key: str | int) -> int:
     """Position of an episode given its index in the source (``#`` column) or its episode_id."""
     if isinstance(key, int) or (isinstance(key, str) and key.lstrip("-").isdigit()):
@@ -577,9 +596,14 @@ def print_text(src: Source, console: Any = None, episode: str | int | None = Non
     console = console or Console(width=shutil.get_terminal_size().columns)
     picked = [i for i, ep in enumerate(src.episodes) if not failures_only or is_failure(ep)]
     f1s = [episode_f1(ep) for ep in src.episodes]
-    head = Text(f"{src.path} ({src.kind}): {len(src.episodes)} episodes", style="bold")
+    head = Text(f"{src.path} ({src.kind}): ", style="bold")
+    held_out = heldout_line(src)
+    if held_out:
+        head.append(held_out + "; ")
+    head.append(f"{len(src.episodes)} episodes" + (" (training samples of the logged steps)" if src.kind == "run" else ""))
     if f1s:
-        head.append(f", mean F1 {sum(f1s) / len(f1s):.3f}, {sum(f < 1 for f in f1s)} failures (F1 < 1)")
+        what = "mean F1 over every step's samples" if src.kind == "run" else "mean F1"
+        head.append(f", {what} {sum(f1s) / len(f1s):.3f}, {sum(f < 1 for f in f1s)} failures (F1 < 1)")
     console.print(head)
     for line in skipped_lines(src.errors):
         console.print(Text(line, style="yellow"))

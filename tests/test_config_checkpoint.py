@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,24 @@ def test_corrupt_newest_checkpoint_falls_back_and_prunes(tmp_path):
     with pytest.warns(RuntimeWarning, match="skipped damaged checkpoint"):
         state, path = checkpoint.load_latest(tmp_path, {"model": _model(5)})
     assert path.name == "step-000002" and state["x"] == 2
+
+
+@pytest.mark.parametrize("garbage", ["garbage{", "[1, 2]"])
+def test_a_garbage_meta_json_is_named_in_the_fallback_and_in_the_error(tmp_path, garbage):
+    """A damaged meta.json (not JSON, or not a checkpoint's) is skipped with a warning that names
+    the file; with every checkpoint damaged the error names each file."""
+    m = _model(0)
+    for step in (1, 2):
+        checkpoint.save(tmp_path, step, {"model": m}, {"x": step}, keep=2)
+    newest = tmp_path / "checkpoints" / "step-000002" / "meta.json"
+    newest.write_text(garbage)
+    with pytest.warns(RuntimeWarning, match=f"{re.escape(str(newest))}: .*the checkpoint is damaged"):
+        state, path = checkpoint.load_latest(tmp_path, {"model": _model(5)})
+    assert path.name == "step-000001" and state["x"] == 1
+    oldest = tmp_path / "checkpoints" / "step-000001" / "meta.json"
+    oldest.write_text(garbage)
+    with pytest.raises(checkpoint.CheckpointError, match=re.escape(str(oldest))):
+        checkpoint.load_latest(tmp_path, {"model": _model(5)})
 
 
 def test_leftover_temp_dir_is_not_a_checkpoint(tmp_path):

@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import shlex
@@ -210,17 +209,7 @@ def write_files(page: Path, where: Path) -> None:
             continue
         path = where / marker.split(":", 1)[1].strip()
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".jsonl" and _one_object(code):
-            code = json.dumps(json.loads(code)) + "\n"  # one object shown on several lines: one JSONL line
         path.write_text(code, encoding="utf-8")
-
-
-def _one_object(code: str) -> bool:
-    try:
-        json.loads(code)
-        return True
-    except ValueError:
-        return False
 
 
 def _run_page(page: Path, tmp_path: Path, done: set[str]) -> None:

@@ -220,3 +220,17 @@ def test_smollm2_memagent_through_the_cli(tmp_path, capsys):
         assert e.invocations[-1].response_text.strip().startswith(e.prediction[:5])
         assert all(len(i.response_ids) <= 16 for i in e.invocations)
     assert "model=smollm2" in capsys.readouterr().out
+
+
+def test_an_earlier_evaluation_is_kept_unless_overwrite(tmp_path, capsys):
+    """A second evaluation into the same --out is refused with one error line and the first one's
+    results are untouched; --overwrite replaces them."""
+    out = tmp_path / "out"
+    argv = ["--agent", "oracle", "--episodes", "2", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0
+    before = {name: (out / name).read_bytes() for name in ("episodes.jsonl", "summary.json")}
+    err = fails(argv[:3] + ["3"] + argv[4:], capsys)
+    assert f"--out {out} already holds an evaluation" in err and "--overwrite" in err
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert main(argv[:3] + ["3"] + argv[4:] + ["--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["n"] == 3

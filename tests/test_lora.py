@@ -328,6 +328,50 @@ def test_sft_with_lora_writes_the_merged_model_and_its_adapters(tmp_path):
     assert not lora.has_adapters(merged)
 
 
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory):
+    """An adapter directory as memopd.sft writes it (rank 4, nonzero adapters), and the greedy
+    answers of the model it makes."""
+    model = lora.apply_lora(load("tiny")[0], r=4, alpha=8)
+    _nudge(model)
+    path = tmp_path_factory.mktemp("adapters") / "adapter"
+    lora.save_adapter_dir(path, model, "tiny")
+    return path, _greedy(load(path)[0])
+
+
+def _variant(adapter_dir, tmp_path, name):
+    path = tmp_path / name
+    shutil.copytree(adapter_dir[0], path)
+    return path
+
+
+def test_an_adapter_config_that_disagrees_with_its_weights_is_one_clear_error(adapter_dir, tmp_path):
+    import json
+
+    from agents.models import ModelLoadError
+
+    path = _variant(adapter_dir, tmp_path, "r8")
+    config = json.loads((path / "adapter_config.json").read_text())
+    (path / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))
+    with pytest.raises(ModelLoadError, match=r"adapter_config.json says r = 8, but its weights have rank 4"):
+        load(path)
+
+
+def test_adapters_in_a_pickled_bin_load_as_weights_only(adapter_dir, tmp_path):
+    """peft's older adapter_model.bin (a pickled state dict) loads as the safetensors file does; a
+    pickle that holds other objects is refused, not run."""
+    from agents.models import ModelLoadError
+
+    path = _variant(adapter_dir, tmp_path, "bin")
+    state = load_file(str(path / "adapter_model.safetensors"))
+    (path / "adapter_model.safetensors").unlink()
+    torch.save(state, path / "adapter_model.bin")
+    assert _greedy(load(path)[0]) == adapter_dir[1]
+    torch.save({"weights": state, "code": Path("anything")}, path / "adapter_model.bin")
+    with pytest.raises(ModelLoadError, match="adapter_model.bin: refused: it pickles objects other than tensors"):
+        load(path)
+
+
 # ------------------------------------------------------------------------------------------------
 # torchrun: FSDP2 with a LoRA student, 2 ranks on gloo, equals one process
 # ------------------------------------------------------------------------------------------------
@@ -394,3 +438,29 @@ def test_two_ranks_fsdp_with_a_lora_student_make_the_one_process_update(tmp_path
     for k in ("pg_loss", "opd_loss", "value_loss", "entropy", "loss"):
         a, b = one["metrics"][k], two["metrics"][k]
         assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), (k, a, b)
+
+
+@pytest.mark.parametrize("family, fused", [("Phi3", {"qkv_proj", "gate_up_proj", "o_proj", "down_proj"}),
+                                           ("GPTNeoX", {"query_key_value", "dense", "dense_h_to_4h",
+                                                        "dense_4h_to_h"})])
+def test_the_default_targets_serve_families_with_fused_projections(family, fused):
+    """Phi3 and GPT-NeoX have no q_proj / gate_proj: the default targets become every linear layer
+    but the output head there (the same coverage in their names), and the adapted model starts as
+    its base. An explicit list that names absent layers is still refused."""
+    import transformers as tf
+
+    cfg = getattr(tf, f"{family}Config")(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, max_position_embeddings=64, pad_token_id=0)
+    torch.manual_seed(0)
+    base = getattr(tf, f"{family}ForCausalLM")(cfg).eval()
+    ids = torch.tensor([[3, 9, 4, 11, 5]])
+    before = base(input_ids=ids).logits
+    model = lora.apply_lora(copy.deepcopy(base), r=4, alpha=8)
+    adapted = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in model.named_parameters() if ".lora_A" in n}
+    assert adapted == fused
+    assert torch.equal(model(input_ids=ids).logits, before)
+    assert {n.split(".lora_A")[0].rsplit(".", 1)[-1]
+            for n, _ in lora.apply_lora(copy.deepcopy(base), r=4, alpha=8, targets=["all-linear"]).named_parameters()
+            if ".lora_A" in n} == fused
+    with pytest.raises(lora.LoRAError, match="has no linear layer of that name"):
+        lora.apply_lora(copy.deepcopy(base), r=4, alpha=8, targets=["q_proj", "v_proj"])

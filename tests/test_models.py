@@ -101,6 +101,26 @@ def test_local_directory_roundtrip_and_dtype(tmp_path, tiny):
     assert next(half.parameters()).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("spec", ["runs/does-not-exist", "runs/quickstar", "my model/x"])
+def test_a_local_looking_path_is_never_sent_to_the_hub(tmp_path, monkeypatch, spec):
+    """``runs/does-not-exist`` has the shape of a hub id ``org/name``, but ``runs/`` is a local
+    directory: a typo there is a missing path (with the closest names), never a hub lookup; so is a
+    name a hub id cannot have."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "quickstart").mkdir(parents=True)
+
+    def hub(repo_id):
+        raise AssertionError(f"{repo_id} was sent to the hub")
+
+    monkeypatch.setattr(models, "_load_hub", hub)
+    with pytest.raises(FileNotFoundError, match="model path not found") as err:
+        models.load(spec)
+    if spec.startswith("runs/"):
+        assert "runs/ is a local directory" in str(err.value)
+    if spec == "runs/quickstar":
+        assert "did you mean runs/quickstart?" in str(err.value)
+
+
 def test_unknown_preset_lists_presets():
     with pytest.raises(ModelLoadError, match=r"unknown model spec 'tinny'.*tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-digits, tiny-teacher-digits, smollm2"):
         models.load("tinny")

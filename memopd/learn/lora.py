@@ -36,9 +36,11 @@ class LoRAOptions:
                               range=(0.0, None))
     lora_dropout: float = field(0.0, help="dropout on the adapters' input while training", range=(0.0, 1.0))
     lora_targets: list = field(default_factory=lambda: list(DEFAULT_TARGETS),
-                               help="the linear layers that get adapters, comma-separated, by their last name part "
-                                    "(default: the attention and MLP projections "
-                                    f"{','.join(DEFAULT_TARGETS)}). In a TOML config: a list")
+                               help="the linear layers that get adapters, comma-separated, by their last name part, "
+                                    "or all-linear (every linear layer but the output head). Default: the attention "
+                                    f"and MLP projections {','.join(DEFAULT_TARGETS)}; on a model with fused "
+                                    "projections (Phi3, GPT-NeoX) that lacks them, all-linear. In a TOML config: a "
+                                    "list")
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]

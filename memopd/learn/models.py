@@ -21,6 +21,9 @@ MODEL_LR = 1e-6
 
 # The auto teacher: sized so that building it fits the embedded default's 15-minute budget on 2 CPU cores.
 TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "batch_episodes": 32, "lr": 3e-3}
+TEACHER_CHECKPOINT_EVERY = 25
+"""The auto teacher's build saves its state this often: a killed first run resumes it (not part of
+the cache key: it does not change the teacher)."""
 
 
 def teacher_recipe(cfg: Any) -> dict[str, Any]:
@@ -57,9 +60,10 @@ def ensure_teacher(cfg: Any, log=print) -> str:
 
     recipe = teacher_recipe(cfg)
     log(f"teacher: none cached for {cfg.env}; building it now: SFT of {recipe['model']} on "
-        f"{recipe['num_episodes']} oracle trajectories, {recipe['steps']} steps (cached at {out})")
+        f"{recipe['num_episodes']} oracle trajectories, {recipe['steps']} steps (cached at {out}; "
+        "a killed build resumes where it stopped)")
     sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=cfg.seed + 1,
-                        threads=cfg.threads, **recipe)
+                        threads=cfg.threads, checkpoint_every=TEACHER_CHECKPOINT_EVERY, **recipe)
     run_sft(sft_cfg, progress=cfg.progress)
     return str(out)
 

@@ -169,9 +169,15 @@ class ServedTeacherOptions:
                                          "backoff 0.5 s, 1 s, 2 s, ...", range=(0, None))
     teacher_timeout: float = field(120.0, help="served teacher: seconds a request may take", range=(1.0, None))
     teacher_audit_model: str | None = field(None, help="served teacher: a local copy of the served model (a model "
-                                                       "spec); at every --audit-every step the served log-probs of "
-                                                       "the step's first calls are checked against its forward of "
-                                                       "each call alone (audit/teacher_max_abs_diff)")
+                                                       "spec); at start the probe's log-probs, then at the first and "
+                                                       "every --audit-every step the served log-probs of the step's "
+                                                       "first calls, are checked against its forward of each call "
+                                                       "alone (audit/teacher_max_abs_diff)")
+    teacher_audit_tolerance: float = field(1e-4, help="served teacher: the largest |served - copy| log-prob the "
+                                                      "audit passes; past it the run stops before the step's update",
+                                           range=(0.0, None))
+    teacher_audit_warn_only: bool = field(False, help="served teacher: a failed audit warns and training goes on "
+                                                      "(default: it stops the run)")
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
@@ -301,6 +307,10 @@ class TrainConfig(PluginOptions, AsyncOptions, StalenessOptions, PruneOPDOptions
     """Everything a MemOPD run needs. Every field is a flag: ``opd_coef`` -> ``--opd-coef``; the
     options shared with ``memopd.sft`` (env, model, seed, threads, optimiser, attention) mean the
     same in both."""
+
+    COMMON_OPTIONS = ("env", "env_kwargs", "model", "teacher", "agent", "steps", "run_dir", "resume", "threads",
+                      "seed", "lr", "opd_estimator", "opd_coef", "eval_episodes", "device", "config")
+    """What ``--help`` shows in full; ``--help-all`` shows every option."""
 
 
 __all__ = ["LoggingOptions", "ObjectiveOptions", "ParallelOptions", "PluginOptions", "RolloutOptions", "RunOptions",

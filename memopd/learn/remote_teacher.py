@@ -1,6 +1,6 @@
 """A teacher behind a stock OpenAI-compatible server (``vllm serve``), scored token in, token out.
 
-    vllm serve TEACHER --max-logprobs 64          # on any machine the trainer can reach
+    python -m vllm.entrypoints.openai.api_server --model TEACHER --max-logprobs 64   # any machine the trainer reaches
     python -m memopd.train --teacher http://HOST:8000/v1 --opd-estimator topk --opd-topk 20
 
 Each packed invocation becomes one ``/completions`` request whose prompt is the call's restored
@@ -16,12 +16,16 @@ in (every call alone: the aligned context). Nothing is decoded or re-encoded.
   with one clear error before any update: nothing is lost or counted twice, and ``--resume``
   continues from the last checkpoint.
 - At start a probe checks the server: the model is listed, it tokenizes a probe text as the
-  student's tokenizer does, and its log-probs of a probe prompt are finite; a mismatch is one
-  ``error:`` line.
-- With a local copy of the served model (``--teacher-audit-model``), every ``--audit-every`` steps
-  the served log-probs of the step's first calls (the sampled tokens' and the top-k's) are checked
-  against the copy's forward of each call alone, with no packing (``audit/teacher_max_abs_diff``):
-  the RCE audit's question asked of the server.
+  student's tokenizer does, and its log-probs of a probe prompt are finite; with a local copy of
+  the served model (``--teacher-audit-model``) the probe's log-probs (the actual tokens' and the
+  top 5 of each position) must also equal the copy's. A mismatch is one ``error:`` line: a model of
+  the same tokenizer but other weights (the student served by mistake) passes the tokens and fails
+  the log-probs.
+- With that copy, at the first step and every ``--audit-every`` steps, the served log-probs of the
+  step's first calls (the sampled tokens' and the top-k's) are checked against the copy's forward
+  of each call alone, with no packing (``audit/teacher_max_abs_diff``): the RCE audit's question
+  asked of the server. Past ``--teacher-audit-tolerance`` the step fails before its update (one
+  error; ``--teacher-audit-warn-only`` warns and trains on).
 - The server's log-probs are at temperature 1: the calls must have been sampled at temperature 1
   (or greedily), which the default ``--temperature 1.0`` does; and ``k`` may not exceed the
   server's ``--max-logprobs`` (vLLM's default is 20).
@@ -30,6 +34,7 @@ in (every call alone: the aligned context). Nothing is decoded or re-encoded.
 from __future__ import annotations
 
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -42,6 +47,8 @@ from memopd.learn.plugin import TrainingError
 from memopd.packing import PackedBatch
 
 PROBE_TEXT = "The capital of France is Paris."
+PROBE_TOPK = 5
+"""How many of each probe position's most likely tokens the start-up probe compares with the copy."""
 
 
 class RemoteTeacherError(TrainingError):
@@ -62,16 +69,19 @@ class RemoteTeacher:
 
     def __init__(self, base_url: str, tokenizer: Any, *, k: int, served_model: str | None = None,
                  concurrency: int = 8, retries: int = 4, timeout_s: float = 120.0,
-                 audit_model: torch.nn.Module | None = None) -> None:
+                 audit_model: torch.nn.Module | None = None, audit_every: int = 0, audit_tolerance: float = 1e-4,
+                 audit_warn_only: bool = False) -> None:
         from agents.backends.openai import OpenAIBackend, OpenAIBackendError
 
         self.tokenizer, self.k, self.concurrency = tokenizer, k, max(1, concurrency)
         self.audit_model = audit_model
-        self.last: tuple[Sequence[Episode], PackedBatch, TeacherScores] | None = None
+        self.audit_every, self.audit_tolerance, self.audit_warn_only = audit_every, audit_tolerance, audit_warn_only
+        self.steps = 0  # steps scored by this process: the audit runs at the first and every audit_every
         try:
-            self.server = OpenAIBackend(base_url, tokenizer, model=served_model, retries=retries, timeout_s=timeout_s)
+            self.server = OpenAIBackend(base_url, tokenizer, model=served_model, retries=retries, timeout_s=timeout_s,
+                                        flag="--teacher")
         except OpenAIBackendError as exc:
-            raise ConfigError(f"--teacher {base_url}: {str(exc).replace('--base-url', '--teacher')}") from None
+            raise ConfigError(f"--teacher {base_url}: {exc}") from None
         self.url = base_url
         self.probe()
 
@@ -96,6 +106,32 @@ class RemoteTeacher:
         if not all(v == v and v <= 0 for r in rows[1:] for v in r.values()):
             raise ConfigError(f"--teacher {self.url}: the server returned log-probs that are not finite and <= 0 "
                               f"for a probe prompt: {rows[1:4]}")
+        if self.audit_model is not None:
+            self._probe_logprobs(mine)
+
+    @torch.no_grad()
+    def _probe_logprobs(self, ids: list[int]) -> None:
+        """The served log-probs of the probe's tokens (each actual token's and the top
+        :data:`PROBE_TOPK` of each position) against the local copy's forward."""
+        from agents.backends.openai import OpenAIBackendError
+
+        try:
+            rows = self._score_call(ids, PROBE_TOPK)
+        except (OpenAIBackendError, RemoteTeacherError) as exc:
+            raise ConfigError(f"--teacher {self.url}: the probe failed: {exc}") from None
+        device = next(self.audit_model.parameters()).device
+        logits = self.audit_model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0]
+        logp = torch.log_softmax(logits.float(), -1).cpu()
+        worst = max(abs(float(logp[j - 1, tok]) - v) for j in range(1, len(ids)) for tok, v in rows[j].items())
+        if worst > self.audit_tolerance:
+            message = (f"--teacher {self.url}: the served model {self.server.model!r} gives the probe's tokens "
+                       f"log-probs {worst:.3g} away from --teacher-audit-model's (tolerance "
+                       f"{self.audit_tolerance:g}, --teacher-audit-tolerance): the server serves other weights or "
+                       "another dtype than the local copy; serve the teacher in float32, or pass "
+                       "--teacher-audit-warn-only to train on")
+            if not self.audit_warn_only:
+                raise ConfigError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     # -- scoring --------------------------------------------------------------------------------
     def score(self, episodes: Sequence[Episode], batch: PackedBatch) -> TeacherScores:
@@ -129,7 +165,6 @@ class RemoteTeacher:
             logp.append([v for _, v in top])
             sampled.append(entry[action])
         n = len(ids)
-        self.last = None  # set below, once the step's scores are whole
         top = TopK(torch.tensor(ids, dtype=torch.long).reshape(n, self.k),
                    torch.tensor(logp, dtype=torch.float32).reshape(n, self.k))
         scores = TeacherScores(top=top, sampled=torch.tensor(sampled, dtype=torch.float32),
@@ -143,19 +178,33 @@ class RemoteTeacher:
                                       "teacher/received_bytes": float(self.server.bytes_received - received0),
                                       "teacher/received_bytes_per_action": (self.server.bytes_received - received0)
                                       / max(1, n)})
-        if self.audit_model is not None:
-            self.last = (episodes, batch, scores)
+        self.steps += 1
+        if self.audit_model is not None and (self.steps == 1 or (self.audit_every
+                                                                 and self.steps % self.audit_every == 0)):
+            self._check_audit(self.audit(episodes, batch, scores), scores.metrics)
         return scores
 
     # -- the audit against a local copy ---------------------------------------------------------
+    def _check_audit(self, res: dict[str, Any], metrics: dict[str, float]) -> None:
+        """Log the audit; past the tolerance, fail the step before its update (or warn)."""
+        metrics["audit/teacher_max_abs_diff"] = res["max_abs_diff"]
+        metrics["audit/teacher_passed"] = bool(res["passed"])
+        if res["passed"]:
+            return
+        message = (f"the teacher at {self.url} failed its audit at its step {self.steps}: the served log-probs differ "
+                   f"from --teacher-audit-model's forward by {res['max_abs_diff']:.3g} (tolerance "
+                   f"{self.audit_tolerance:g}); is the copy the served model, in float32?")
+        if not self.audit_warn_only:
+            raise RemoteTeacherError(message + " No update was made, and the last checkpoint is intact; fix the "
+                                     "server, then --resume (or pass --teacher-audit-warn-only to train on)")
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
     @torch.no_grad()
-    def audit(self, max_calls: int = 8, tolerance: float = 1e-4) -> dict[str, Any] | None:
-        """The served log-probs of the last step's first ``max_calls`` calls (the sampled tokens',
-        and the top-k's) against the local copy's own forward of each call alone, no packing:
-        ``{"max_abs_diff", "passed", "tokens"}``; None without a local copy or a scored step."""
-        if self.audit_model is None or self.last is None:
-            return None
-        episodes, batch, scores = self.last
+    def audit(self, episodes: Sequence[Episode], batch: PackedBatch, scores: TeacherScores,
+              max_calls: int = 8) -> dict[str, Any]:
+        """The served log-probs of a step's first ``max_calls`` calls (the sampled tokens', and the
+        top-k's) against the local copy's own forward of each call alone, no packing:
+        ``{"max_abs_diff", "passed", "tokens"}``."""
         where: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for n, (e, i, t) in enumerate(batch.token_map.tolist()):
             if (e, i) in where or len(where) < max_calls:
@@ -172,7 +221,7 @@ class RemoteTeacher:
                 if scores.top is not None and scores.top.ids.shape[-1]:
                     worst = max(worst, float((row[scores.top.ids[n]] - scores.top.logp[n]).abs().max()))
                 count += 1
-        return {"max_abs_diff": worst, "passed": worst <= tolerance, "tokens": count}
+        return {"max_abs_diff": worst, "passed": worst <= self.audit_tolerance, "tokens": count}
 
     def _score_invocation(self, inv: Invocation) -> list[dict[int, float]]:
         tokens = list(inv.prompt_ids) + list(inv.response_ids)

@@ -177,7 +177,8 @@ def load_teacher(cfg: Any, student_tokenizer: Any, world: distributed.World,
             if cfg.teacher_audit_model else None
         return RemoteTeacher(cfg.teacher, student_tokenizer, k=k, served_model=cfg.teacher_model, audit_model=audit,
                              concurrency=cfg.teacher_concurrency, retries=cfg.teacher_retries,
-                             timeout_s=cfg.teacher_timeout)
+                             timeout_s=cfg.teacher_timeout, audit_every=cfg.audit_every,
+                             audit_tolerance=cfg.teacher_audit_tolerance, audit_warn_only=cfg.teacher_audit_warn_only)
     if cfg.teacher == "auto" and world.local_rank != 0:
         while not (default_teacher_dir(cfg) / "config.json").is_file():
             time.sleep(2.0)

@@ -487,7 +487,6 @@ class Trainer:
             if audit is not None:
                 metrics["audit/max_abs_diff"] = audit.max_abs_diff
                 metrics["audit/passed"] = bool(audit.passed)
-                metrics.update(self._audit_teacher())
             saving = self.state.bad_steps == 0 and (self.step % cfg.save_every == 0 or out_of_time)
             self.log_row(metrics, save=saving)
             bar.update(1)
@@ -517,19 +516,6 @@ class Trainer:
                 f"{self.state.bad_steps} steps in a row had a non-finite loss; stopped at step {self.step}. "
                 f"The last good checkpoint is intact: {last[0] if last else 'none'}. "
                 "Lower --lr or --opd-coef, or check the teacher, then --resume.")
-
-    def _audit_teacher(self) -> dict[str, Any]:
-        """A served teacher with a local copy (``--teacher-audit-model``): its log-probs of the
-        step's first calls against the copy's forward of each call alone."""
-        check = getattr(self.teacher, "audit", None)
-        res = check() if check is not None else None
-        if res is None:
-            return {}
-        if not res["passed"]:
-            warnings.warn(f"teacher audit failed at step {self.step}: the served log-probs differ from the local "
-                          f"copy's by {res['max_abs_diff']:.3g} (> 1e-4); is --teacher-audit-model the served model, "
-                          "in float32?", RuntimeWarning, stacklevel=2)
-        return {"audit/teacher_max_abs_diff": res["max_abs_diff"], "audit/teacher_passed": bool(res["passed"])}
 
     def _finish(self) -> dict[str, Any]:
         """The held-out evaluation after training (unless the last step had it), the final model and

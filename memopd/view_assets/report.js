@@ -139,8 +139,9 @@
     document.getElementById("top").append(
       el("h1", { text: INDEX.title }),
       el("div", { class: "muted mono", text: `${INDEX.kind}: ${INDEX.source}` }),
+      ...(INDEX.heldout ? [el("div", { class: "stats" }, el("b", { text: INDEX.heldout }))] : []),
       el("div", { class: "stats" },
-        el("span", { text: `${ROWS.length} episodes` }),
+        el("span", { text: INDEX.kind === "run" ? `${ROWS.length} episodes (training samples of the logged steps)` : `${ROWS.length} episodes` }),
         el("span", { text: `${INDEX.failures} failures (F1 < 1)` }),
         ["em", "f1", "sub_em"].map(k => el("span", { text: `mean ${k} ${fmt(m[k])}` })),
         el("span", { class: "muted", text: INDEX.tokenizer ? "decoded with a tokenizer" : "no tokenizer: recorded texts and token counts" })));
