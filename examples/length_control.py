@@ -6,9 +6,12 @@
 The task is the length ladder's (examples/length_ladder.py): `memgym/LongQA-v0`, one fact among
 filler, chunks of 48 tokens, a 16-token memory. Each arm fine-tunes a teacher with the auto
 teacher's recipe (`memopd.learn.models.TEACHER_SFT`: 250 SFT steps of 32 oracle trajectories, from
-1,000) on the 6-chunk task, then evaluates it greedily on `--eval-episodes` test episodes at each
-of `--lengths` chunks as `rag-memagent` (BM25 ranks the chunks, the teacher runs its memory call
-on the top-1 chunk, then answers), and as `memagent` at the training length. The arms:
+1,000) in stages, one per `--sft-chunks` length: first on 3-chunk episodes (a tiny teacher trained
+on 6-chunk episodes alone stays on its copy plateau, docs/RESULTS.md), then on the 6-chunk task,
+as the length ladder's teacher was. It then evaluates the teacher greedily on `--eval-episodes` test
+episodes at each of `--lengths` chunks as `rag-memagent` (BM25 ranks the chunks, the teacher runs
+its memory call on the top-1 chunk, then answers), and as `memagent` at the training length. The
+arms:
 
   before       tiny-teacher,        numbering=sequential   (the presets and labels of the length ladder)
   digits       tiny-teacher-digits, numbering=sequential   (digit tokens alone)
@@ -36,6 +39,8 @@ from typing import Any, Sequence
 ENV = "memgym/LongQA-v0"
 ENV_KWARGS = {"chunk_size": 48, "memory_budget": 16}
 TRAIN_CHUNKS = 6
+SFT_CHUNKS = (3, 6)
+"""The SFT stages' lengths: the last is the training length."""
 LENGTHS = (6, 12, 24, 48, 96, 192)
 ARMS = {  # name -> (teacher preset, numbering)
     "before": ("tiny-teacher", "sequential"),
@@ -70,22 +75,25 @@ def env_kwargs(numbering: str, num_chunks: int) -> dict[str, Any]:
 
 
 def teacher(arm: str, args: argparse.Namespace) -> Path:
-    """The arm's SFT teacher (the auto teacher's recipe on the 6-chunk task), built once."""
+    """The arm's SFT teacher: the auto teacher's recipe, one stage per length of ``SFT_CHUNKS``
+    (each stage starts from the last), each stage built once."""
     from memopd.learn.models import TEACHER_SFT
     from memopd.sft import SFTConfig, run as run_sft
 
     preset, numbering = ARMS[arm]
-    out = Path(args.out) / f"teacher-{arm}"
-    if (out / "config.json").is_file():
-        return out
-    recipe = {**TEACHER_SFT, "model": preset}
-    if args.smoke:
-        recipe.update(steps=SMOKE["steps"], num_episodes=SMOKE["sft_episodes"], batch_episodes=4)
-    print(f"{arm}: SFT of {preset} on {recipe['num_episodes']} oracle trajectories, {TRAIN_CHUNKS} chunks, "
-          f"numbering={numbering}, {recipe['steps']} steps", flush=True)
-    run_sft(SFTConfig(env=ENV, env_kwargs=env_kwargs(numbering, TRAIN_CHUNKS), out=str(out), seed=1,
-                      threads=args.threads, progress=False, **recipe), progress=False)
-    return out
+    model = preset
+    for stage, chunks in enumerate(SFT_CHUNKS):
+        out = Path(args.out) / f"teacher-{arm}" / f"stage-{stage}-{chunks}"
+        if not (out / "config.json").is_file():
+            recipe = {**TEACHER_SFT, "model": model}
+            if args.smoke:
+                recipe.update(steps=SMOKE["steps"], num_episodes=SMOKE["sft_episodes"], batch_episodes=4)
+            print(f"{arm}: SFT of {model} on {recipe['num_episodes']} oracle trajectories, {chunks} chunks, "
+                  f"numbering={numbering}, {recipe['steps']} steps", flush=True)
+            run_sft(SFTConfig(env=ENV, env_kwargs=env_kwargs(numbering, chunks), out=str(out), seed=1 + stage,
+                              threads=args.threads, progress=False, **recipe), progress=False)
+        model = str(out)
+    return Path(model)
 
 
 def evaluate(arm: str, agent: str, n: int, model: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -30,9 +30,10 @@ def test_length_control_smoke_and_rerun(tmp_path):
     rows = {(r["arm"], r["agent"], r["chunks"]) for r in results["rows"]}
     assert rows == {(a, "memagent", 6) for a in ("before", "after")} | {
         (a, "rag-memagent", n) for a in ("before", "after") for n in (6, 12)}
-    sft = json.loads((tmp_path / "teacher-after" / "sft_config.json").read_text())
-    assert sft["model"] == "tiny-teacher-digits" and sft["env_kwargs"]["numbering"] == "random"
-    assert sft["env_kwargs"]["num_chunks"] == 6
+    first = json.loads((tmp_path / "teacher-after" / "stage-0-3" / "sft_config.json").read_text())
+    last = json.loads((tmp_path / "teacher-after" / "stage-1-6" / "sft_config.json").read_text())
+    assert first["model"] == "tiny-teacher-digits" and first["env_kwargs"]["numbering"] == "random"
+    assert last["model"] == str(tmp_path / "teacher-after" / "stage-0-3") and last["env_kwargs"]["num_chunks"] == 6
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert lc.main(["--smoke", "--out", str(tmp_path)]) == 0  # a rerun reuses every evaluation
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == cached
