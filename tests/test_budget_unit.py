@@ -148,3 +148,20 @@ def test_the_default_tokenizer_is_the_tiny_presets(tokenizer):
     text = "Document 12: notes\nalice acme . the old river rests ."
     assert default_tokenizer().encode(text, add_special_tokens=False).ids == \
         tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_the_default_oracle_trajectories_are_those_of_before(tokenizer):
+    """The SFT data of the embedded default (the auto teacher, the warm start) is unchanged: a hash of
+    oracle episodes as the code before this change wrote them."""
+    import hashlib
+
+    from memopd.sft import oracle_episodes
+
+    h = hashlib.sha256()
+    for kw in ({}, {"num_chunks": 6, "chunk_size": 48, "memory_budget": 16}, {"hops": 2, "num_chunks": 4}):
+        for e in oracle_episodes("memgym/LongQA-v0", kw, tokenizer, 64, seed=3, progress=False):
+            for i in e.invocations:
+                h.update(json.dumps([i.prompt_ids, i.response_ids, i.position_ids, i.prefix_len, i.role,
+                                     i.spans]).encode())
+            h.update(json.dumps([e.prediction, e.reward]).encode())
+    assert h.hexdigest()[:16] == "0a885ab968c4b418"
