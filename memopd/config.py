@@ -39,9 +39,10 @@ C = TypeVar("C")
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
 COMPUTE_DTYPES = ("float32", "bfloat16")
-DEFAULT_THREADS = 0
-THREADS_HELP = ("torch CPU threads (default 0: torch's choice, one per core). On a busy shared machine 1 is "
-                "safer: two threads on a busy 2-core box ran 5-40x slower")
+DEFAULT_THREADS = 1
+THREADS_HELP = ("torch CPU threads (default 1: the first run was fastest so, on a quiet and on a busy 2-core "
+                "machine, see docs/BENCHMARKS.md; 0: torch's choice, one per core, which a larger model on a quiet "
+                "machine may prefer)")
 
 
 class ConfigError(ValueError):
