@@ -20,8 +20,9 @@ arms:
 
 Retrieval is exact on this task (no distractor facts), so what falls with length is what the
 model reads in the retrieved chunk: its `Document K:` labels. Everything lands in --out (default
-runs/length-control): teacher-<arm>/ (the SFT teachers), cache/<arm>-<agent>-<n>.json (one per
-evaluation, reused by a rerun), results.json. `--smoke` runs two arms with a few SFT steps, 2
+runs/length-control): teacher-<arm>/ (the SFT teachers), cache/<arm>-<agent>-<n>-<episodes>.json
+(one per evaluation, reused by a rerun), results.json. An evaluation is a few seconds (retrieval
+makes two model calls an episode at any length); the SFT stages are most of the time. `--smoke` runs two arms with a few SFT steps, 2
 lengths and 4 episodes: it checks the pipeline, not the result.
 """
 
@@ -56,7 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/length-control", help="the study's directory (reused by a rerun)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms of {sorted(ARMS)}")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="chunks to evaluate at")
-    p.add_argument("--eval-episodes", type=int, default=32, help="test episodes per (arm, length)")
+    p.add_argument("--eval-episodes", type=int, default=256, help="test episodes per (arm, length)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     p.add_argument("--smoke", action="store_true", help="the pipeline in about a minute (tiny sizes)")
     args = p.parse_args(argv)
@@ -101,11 +102,11 @@ def evaluate(arm: str, agent: str, n: int, model: Path, args: argparse.Namespace
     from agents.records import load_episodes
     from memopd.eval import evaluate as run_eval
 
-    cache = Path(args.out) / "cache" / f"{arm}-{agent}-{n}.json"
+    cache = Path(args.out) / "cache" / f"{arm}-{agent}-{n}-{args.eval_episodes}.json"
     if cache.is_file():
         return json.loads(cache.read_text())
     numbering = ARMS[arm][1]
-    where = Path(args.out) / "evals" / f"{arm}-{agent}-{n}"
+    where = Path(args.out) / "evals" / f"{arm}-{agent}-{n}-{args.eval_episodes}"
     argv = ["--env", ENV, "--agent", agent, "--model", str(model), "--episodes", str(args.eval_episodes),
             "--temperature", "0", "--top-k", "1", "--threads", str(args.threads), "--no-progress", "--out", str(where)]
     for key, value in env_kwargs(numbering, n).items():

@@ -1,23 +1,26 @@
-"""Does the memory bind? The default student of each memory task at a large and a small memory budget.
+"""Does the memory bind? The memory tasks at a ladder of budgets: the oracle, the teacher recipe, the student.
 
-    python examples/memory_binds.py                          # the study (docs/RESULTS.md, "Tasks where the memory binds")
-    python examples/memory_binds.py --smoke --out DIR        # the pipeline in a few minutes (CI: tests/test_studies.py)
+    python examples/memory_binds.py                               # every part (docs/RESULTS.md, "Tasks where the memory binds")
+    python examples/memory_binds.py --parts ladder,teacher        # what docs/RESULTS.md reports
+    python examples/memory_binds.py --smoke --out DIR             # the pipeline in a few minutes (tests/test_length_memory_studies.py)
 
-For each of KnowledgeUpdate, MultiValue, VariableTracking and Counting at its defaults (4 chunks
-of 64 tokens) and each budget of ``BUDGETS`` (16 tokens, and a small one: less than the oracle's
-memory needs at the default size, or for the one-item states of KnowledgeUpdate and Counting,
-exactly one item), the embedded default run on the digit presets,
-``python -m memopd.train --env memgym/<Task>-v0 --model tiny-digits --env-kwarg memory_budget=B``:
-the auto teacher (tiny-teacher-digits, the auto teacher's SFT recipe on oracle trajectories at that
-budget), the student's warm start, 80 steps of PPO + MemOPD. Recorded per cell, on the test split:
-the oracle's F1 (what the budget allows an agent that keeps exactly what is needed), the teacher's
-held-out F1 (does the recipe learn the task at this size?), the student's before and after training
-(64 held-out episodes each, greedy, as the run's summary.json has them), and the trained student
-again by memopd.eval (F1 with its standard error over ``--oracle-episodes`` episodes, and its mean
-memory write). The question states the budget, so each budget is its own run.
+KnowledgeUpdate, MultiValue, VariableTracking and Counting at their defaults (4 chunks of 64
+tokens), in the digit presets' tokens, and LongQA's default for contrast. The parts (`--parts`):
 
-Everything lands in --out (default runs/memory-binds): <task>-<budget>/ (the run directory,
-reused by a rerun: a finished run is read, an unfinished one resumed), results.json.
+  ladder    the oracle's F1 at each budget of ``LADDER`` (no model): what the budget lets an agent
+            that keeps exactly what is needed score. On LongQA one fact of 3 tokens is all it needs.
+  teacher   the auto teacher's recipe (``memopd.learn.models.TEACHER_SFT``: 250 SFT steps of 32 oracle
+            trajectories, from 1,000) on tiny-teacher-digits at the default size and a 16-token budget,
+            and its held-out F1 (64 test episodes, greedy): does the embedded recipe learn the task?
+  students  the embedded default run on the digit presets at a large and a small budget (``BUDGETS``),
+            ``python -m memopd.train --env memgym/<Task>-v0 --model tiny-digits --env-kwarg memory_budget=B``
+            (the auto teacher at that budget, the warm start, 80 steps of PPO + MemOPD), with the
+            student's held-out F1 before and after and again by memopd.eval (F1 ± its standard error,
+            mean memory write). The question states the budget, so each budget is its own run.
+
+Everything lands in --out (default runs/memory-binds): oracle/, teacher-<task>/ and <task>-<budget>/
+(reused by a rerun: finished work is read, an unfinished run resumed), results.json (every part
+run so far).
 """
 
 from __future__ import annotations
@@ -32,90 +35,145 @@ from pathlib import Path
 from typing import Any, Sequence
 
 TASKS = ("MultiValue", "VariableTracking", "KnowledgeUpdate", "Counting")
-BUDGETS = {  # task -> (large, small): the small one holds less than the oracle keeps at the default size
+CONTROL = "LongQA"
+LADDER = (16, 8, 6, 4, 3, 2, 1)
+BUDGETS = {  # task -> (large, small) for the students: the small one holds less than the oracle keeps
     "MultiValue": (16, 6),  # 3 facts of 3 tokens: 6 holds two
     "VariableTracking": (16, 1),  # a chain of 2 names: 1 holds one
     "KnowledgeUpdate": (16, 3),  # one fact of 3 tokens (the latest): 3 hold it, not a log of updates
     "Counting": (16, 4),  # `mila seville 3` is 4 tokens: 4 hold the count, not the facts counted
 }
 """A budget below one item holds nothing the oracle keeps (KnowledgeUpdate's and Counting's state is
-one item): memopd.train refuses it (no memory in the teacher's data). Their small budget holds the
-item and nothing more: what binds there is overwriting, not capacity."""
-SMOKE = ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--eval-episodes", "4",
-         "--student-warmup-steps", "2", "--teacher", "tiny-teacher-digits", "--eval-every", "0"]
+one item): memopd.train refuses it (no memory in the teacher's data)."""
+PARTS = ("ladder", "teacher", "students")
+SMOKE_TRAIN = ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--eval-episodes", "4",
+               "--student-warmup-steps", "2", "--teacher", "tiny-teacher-digits", "--eval-every", "0"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/memory_binds.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/memory-binds", help="the study's directory (reused by a rerun)")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks")
-    p.add_argument("--oracle-episodes", type=int, default=64, help="test episodes of the oracle per cell")
+    p.add_argument("--episodes", type=int, default=64, help="test episodes per evaluation")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     p.add_argument("--smoke", action="store_true", help="tiny runs: the pipeline, not the result")
     args = p.parse_args(argv)
     args.tasks = [t for t in args.tasks.split(",") if t]
-    unknown = [t for t in args.tasks if t not in BUDGETS]
-    if unknown:
-        p.error(f"unknown task(s) {unknown}; choose from {list(TASKS)}")
+    args.parts = [x for x in args.parts.split(",") if x]
+    if [t for t in args.tasks if t not in BUDGETS] or [x for x in args.parts if x not in PARTS]:
+        p.error(f"--tasks takes {list(TASKS)}, --parts {list(PARTS)}")
     if args.smoke:
-        args.oracle_episodes = 4
+        args.episodes = 4
     return args
 
 
-def oracle_f1(task: str, budget: int, args: argparse.Namespace) -> float:
-    """The oracle's F1 at this budget, in the digit presets' tokens (no model)."""
-    from memopd.eval import evaluate
+def evaluate(out: Path, env: str, argv: list[str]) -> tuple[dict[str, Any], list[float]]:
+    """memopd.eval into ``out`` (read back when already there): its summary and per-episode F1."""
+    from agents.records import load_episodes
+    from memopd.eval import evaluate as run_eval
 
-    out = Path(args.out) / "oracle" / f"{task}-{budget}"
-    summary = evaluate(["--env", f"memgym/{task}-v0", "--agent", "oracle", "--model", "tiny-digits", "--episodes",
-                        str(args.oracle_episodes), "--env-kwarg", f"memory_budget={budget}", "--no-progress",
-                        "--out", str(out)])
-    return summary["f1"]
+    if not (out / "summary.json").is_file():
+        run_eval(["--env", f"memgym/{env}-v0", "--no-progress", "--out", str(out), *argv])
+    f1 = [e.metrics.get("f1", 0.0) for e in load_episodes(out / "episodes.jsonl").episodes]
+    return json.loads((out / "summary.json").read_text()), f1
 
 
-def train_cell(task: str, budget: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The embedded default run at this budget (finished runs are read, unfinished ones resumed)."""
+def mean_se(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, sd / math.sqrt(len(values))
+
+
+def ladder(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The oracle's F1 at each budget of LADDER (digit presets' tokens), each task and LongQA."""
+    rows = []
+    for task in [*args.tasks, CONTROL]:
+        for budget in LADDER:
+            summary, _ = evaluate(Path(args.out) / "oracle" / f"{task}-{budget}", task,
+                                  ["--agent", "oracle", "--model", "tiny-digits", "--episodes", str(args.episodes),
+                                   "--env-kwarg", f"memory_budget={budget}"])
+            rows.append({"task": task, "budget": budget, "oracle_f1": summary["f1"]})
+    return rows
+
+
+def teacher(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The auto teacher's recipe on tiny-teacher-digits at each task's default size (and LongQA's)."""
+    from memopd.learn.models import TEACHER_SFT
+    from memopd.sft import SFTConfig, run as run_sft
+
+    rows = []
+    for task in [*args.tasks, CONTROL]:
+        out = Path(args.out) / f"teacher-{task}"
+        recipe = {**TEACHER_SFT, "model": "tiny-teacher-digits"}
+        if args.smoke:
+            recipe.update(steps=2, num_episodes=8, batch_episodes=4)
+        t0 = time.perf_counter()
+        if not (out / "config.json").is_file():
+            run_sft(SFTConfig(env=f"memgym/{task}-v0", env_kwargs={"memory_budget": 16}, out=str(out), seed=1,
+                              threads=args.threads, progress=False, **recipe), progress=False)
+        losses = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+        _, f1 = evaluate(Path(args.out) / "teacher-eval" / task, task,
+                         ["--model", str(out), "--episodes", str(args.episodes), "--threads", str(args.threads),
+                          "--env-kwarg", "memory_budget=16"])
+        mean, se = mean_se(f1)
+        rows.append({"task": task, "teacher_f1": mean, "se": se, "episodes": len(f1), "steps": len(losses),
+                     "loss_first": losses[0], "loss_mid": losses[len(losses) // 2], "loss_last": losses[-1],
+                     "wall_s": time.perf_counter() - t0})
+        print(f"teacher on {task}: F1 {mean:.3f} ± {se:.3f} (se, {len(f1)} episodes), SFT loss "
+              f"{losses[0]:.2f} -> {losses[-1]:.2f}", flush=True)
+    return rows
+
+
+def students(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The embedded default run at each of BUDGETS (finished runs are read, unfinished ones resumed)."""
     from memopd import train
 
-    run = Path(args.out) / f"{task}-{budget}"
-    if not (run / "summary.json").is_file():
-        t0 = time.perf_counter()
-        argv = (["--resume", str(run)] if (run / "config.toml").is_file() else
-                ["--env", f"memgym/{task}-v0", "--model", "tiny-digits", "--env-kwarg", f"memory_budget={budget}",
-                 "--threads", str(args.threads), "--no-progress", "--run-dir", str(run)] + (SMOKE if args.smoke else []))
-        if train.main(argv) != 0:
-            raise SystemExit(f"the run {run} failed")
-        (run / "wall_s.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
-    summary = json.loads((run / "summary.json").read_text())
-    return {"teacher_f1": (summary.get("eval_teacher") or {}).get("f1"), "before_f1": summary["eval_before"]["f1"],
-            "after_f1": summary["eval_after"]["f1"], "steps": summary["steps"], **student_eval(run, budget, args)}
+    rows = []
+    for task in args.tasks:
+        for budget in BUDGETS[task]:
+            run = Path(args.out) / f"{task}-{budget}"
+            if not (run / "summary.json").is_file():
+                argv = (["--resume", str(run)] if (run / "config.toml").is_file() else
+                        ["--env", f"memgym/{task}-v0", "--model", "tiny-digits", "--env-kwarg",
+                         f"memory_budget={budget}", "--threads", str(args.threads), "--no-progress", "--run-dir",
+                         str(run)] + (SMOKE_TRAIN if args.smoke else []))
+                if train.main(argv) != 0:
+                    raise SystemExit(f"the run {run} failed")
+            summary = json.loads((run / "summary.json").read_text())
+            final, f1 = evaluate(run / "eval-final", task, ["--model", str(run), "--episodes", str(args.episodes),
+                                                            "--threads", str(args.threads), "--env-kwarg",
+                                                            f"memory_budget={budget}"])
+            mean, se = mean_se(f1)
+            rows.append({"task": task, "budget": budget, "teacher_f1": (summary.get("eval_teacher") or {}).get("f1"),
+                         "before_f1": summary["eval_before"]["f1"], "after_f1": summary["eval_after"]["f1"],
+                         "eval_f1": mean, "eval_se": se, "memory_tokens": final["memory_tokens"]})
+    return rows
 
 
-def student_eval(run: Path, budget: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The trained student by memopd.eval (greedy, the first test samples): F1 with its standard
-    error over episodes, and its mean memory write."""
-    from agents.records import load_episodes
-    from memopd.eval import evaluate
-
-    out = run / "eval-final"
-    summary = evaluate(["--env", f"memgym/{run.name.rsplit('-', 1)[0]}-v0", "--model", str(run), "--episodes",
-                        str(args.oracle_episodes), "--env-kwarg", f"memory_budget={budget}", "--threads",
-                        str(args.threads), "--no-progress", "--out", str(out)])
-    f1 = [e.metrics.get("f1", 0.0) for e in load_episodes(out / "episodes.jsonl").episodes]
-    mean = sum(f1) / len(f1)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in f1) / (len(f1) - 1)) if len(f1) > 1 else 0.0
-    return {"eval_f1": mean, "eval_se": sd / math.sqrt(len(f1)), "eval_episodes": len(f1),
-            "memory_tokens": summary["memory_tokens"]}
+def ladder_table(rows: list[dict[str, Any]]) -> str:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    budgets = list(dict.fromkeys(r["budget"] for r in rows))
+    f1 = {(r["task"], r["budget"]): r["oracle_f1"] for r in rows}
+    lines = ["| oracle F1 \\ budget (tokens) | " + " | ".join(map(str, budgets)) + " |",
+             "|---" * (len(budgets) + 1) + "|"]
+    lines += [f"| {t} | " + " | ".join(f"{f1[(t, b)]:.3f}" for b in budgets) + " |" for t in tasks]
+    return "\n".join(lines)
 
 
-def table(results: dict[str, Any]) -> str:
-    """The markdown table of docs/RESULTS.md, from results.json (tests/test_memory_binds.py rebuilds it)."""
-    lines = ["| task | budget (tokens) | oracle | teacher | student before | student after | student, eval ± se "
-             "| memory write (tokens) |", "|---|---|---|---|---|---|---|---|"]
-    for row in results["rows"]:
-        lines.append(f"| {row['task']} | {row['budget']} | {row['oracle_f1']:.3f} | {_f(row['teacher_f1'])} | "
-                     f"{_f(row['before_f1'])} | {_f(row['after_f1'])} | {_f(row['eval_f1'])} ± {_f(row['eval_se'])} "
-                     f"| {_f(row['memory_tokens'], 1)} |")
+def teacher_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| task (default size, 16-token budget) | teacher F1 ± se | SFT loss: first -> middle -> last |",
+             "|---|---|---|"]
+    lines += [f"| {r['task']} | {r['teacher_f1']:.3f} ± {r['se']:.3f} | {r['loss_first']:.2f} -> "
+              f"{r['loss_mid']:.2f} -> {r['loss_last']:.2f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def student_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| task | budget | teacher | student before | student after | eval ± se | memory write (tokens) |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['task']} | {r['budget']} | {_f(r['teacher_f1'])} | {_f(r['before_f1'])} | {_f(r['after_f1'])} "
+              f"| {_f(r['eval_f1'])} ± {_f(r['eval_se'])} | {_f(r['memory_tokens'], 1)} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -123,30 +181,34 @@ def _f(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+TABLES = {"ladder": ladder_table, "teacher": teacher_table, "students": student_table}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import memgym  # noqa: F401  (registers the envs)
 
+    out = Path(args.out) / "results.json"
+    results = json.loads(out.read_text()) if out.is_file() else {}
     t0 = time.perf_counter()
-    rows = []
-    for task in args.tasks:
-        for budget in BUDGETS[task]:
-            cell = train_cell(task, budget, args)
-            row = {"task": task, "budget": budget, "oracle_f1": oracle_f1(task, budget, args), **cell}
-            rows.append(row)
-            print(f"{task} @ {budget} tokens: oracle {row['oracle_f1']:.3f}, teacher {_f(row['teacher_f1'])}, "
-                  f"student {_f(row['before_f1'])} -> {_f(row['after_f1'])}", flush=True)
+    for part in args.parts:
+        results[part] = {"ladder": ladder, "teacher": teacher, "students": students}[part](args)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")  # each part as it finishes
     import torch
     import transformers
 
-    results = {"tasks": args.tasks, "budgets": {t: BUDGETS[t] for t in args.tasks}, "rows": rows,
-               "command": "python examples/memory_binds.py" + (" --smoke" if args.smoke else ""),
-               "wall_s_this_invocation": time.perf_counter() - t0,
-               "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                            "transformers": transformers.__version__}}
-    out = Path(args.out) / "results.json"
+    results.update({"tasks": args.tasks, "ladder_budgets": list(LADDER), "student_budgets": BUDGETS,
+                    "episodes": args.episodes,
+                    "command": "python examples/memory_binds.py --parts " + ",".join(args.parts)
+                    + (" --smoke" if args.smoke else ""),
+                    "wall_s_this_invocation": time.perf_counter() - t0,
+                    "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                                 "transformers": transformers.__version__}})
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(table(results))
+    for part in PARTS:
+        if part in results:
+            print(TABLES[part](results[part]))
     print(f"saved {out}")
     return 0
 
