@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import gymnasium as gym
 
@@ -80,6 +82,7 @@ def main() -> None:
     parser.add_argument("--small-context-length", type=int, default=10_000)
     parser.add_argument("--chunk-size", type=int, default=4096)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
 
     results = {"throughput": [steps_per_second("memgym/LongQA-v0", args.episodes),
@@ -96,6 +99,9 @@ def main() -> None:
         "context": round(args.context_length / args.small_context_length, 1),
         "tracemalloc_peak": round(large["tracemalloc_peak_kib"] / max(1, small["tracemalloc_peak_kib"]), 2),
     }
+    results["command"] = "python benchmarks/env_throughput.py " + " ".join(sys.argv[1:])
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     if args.json:
         print(json.dumps(results, indent=2))
         return

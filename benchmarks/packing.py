@@ -20,12 +20,14 @@ attention score entries the kernels compute, relative to (a).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -218,6 +220,7 @@ def main() -> None:
     ap.add_argument("--skip-dense", action="store_true", help="skip (c-dense), the slowest layout")
     ap.add_argument("--skip-kl", action="store_true")
     ap.add_argument("--quick", action="store_true", help="small smoke run")
+    ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("--kl-child", nargs=4, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -262,12 +265,24 @@ def main() -> None:
         print(f"{name:<30} {computed:>7} {computed / a[1]:>5.2f} {1 - real / computed:>8.1%} {attn / a[3]:>10.2f} "
               f"{cpu:>7.2f} {a[4] / cpu:>8.2f} {wall:>7.2f} {a[5] / wall:>8.2f}")
 
+    report = {"episodes": len(eps), "invocations": n_calls,
+              "action_tokens": sum(len(i.response_ids) for ep in eps for i in ep.invocations),
+              "hidden": args.hidden, "layers": args.layers, "vocab": w.vocab, "threads": args.threads,
+              "budget": args.budget, "batch_size": args.batch_size, "repeats": args.repeats,
+              "layouts": [{"layout": name, "tokens": computed, "real_tokens": real, "attn_entries": attn,
+                           "cpu_s": cpu, "wall_s": wall} for name, computed, real, attn, cpu, wall in rows],
+              "kl": [], "versions": {"torch": torch.__version__},
+              "command": "python benchmarks/packing.py " + " ".join(sys.argv[1:])}
     if not args.skip_kl:
         print(f"\nfull-vocab RKL forward+backward, {args.kl_tokens} action tokens, vocab {args.kl_vocab}, "
               f"hidden {args.kl_hidden} (peak RSS above the inputs):")
         for label, chunk in ((f"chunked ({args.kl_chunk})", args.kl_chunk), ("unchunked", 0)):
             mib, sec = kl_memory(args.kl_tokens, args.kl_vocab, args.kl_hidden, chunk)
             print(f"  {label:<16} {mib:>8.0f} MiB  {sec:>6.1f} s")
+            report["kl"].append({"chunk": chunk, "peak_mib": mib, "seconds": sec, "tokens": args.kl_tokens,
+                                 "vocab": args.kl_vocab, "hidden": args.kl_hidden})
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

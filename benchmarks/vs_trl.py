@@ -202,12 +202,33 @@ def peak_rss_growth(fn, base: int | None = None) -> tuple[Any, float]:
     return out, (max(peak[0], proc.memory_info().rss) - base) / 2**20
 
 
-def setup(args: argparse.Namespace, tmp: str) -> tuple[Any, Any, list[Any], dict, dict]:
-    """The memopd trainer, its step's episodes and calls, and copies of the initial weights."""
+class Timeline:
+    """The process's resident memory and its peak so far (``ru_maxrss``, the whole process's high-water
+    mark since it started), MiB, after each named phase: where the process's peak was reached."""
+
+    def __init__(self) -> None:
+        self.marks: list[dict[str, Any]] = []
+
+    def __call__(self, phase: str) -> None:
+        import resource
+
+        import psutil
+
+        self.marks.append({"phase": phase, "rss_mib": psutil.Process().memory_info().rss / 2**20,
+                           "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def setup(args: argparse.Namespace, tmp: str, mark: Timeline | None = None,
+          copies: bool = True) -> tuple[Any, Any, list[Any], dict, dict]:
+    """The memopd trainer, its step's episodes and calls, and copies of the initial weights (for the
+    timed updates; ``copies=False`` leaves them out)."""
+    mark = mark or (lambda phase: None)
     trainer = memopd_trainer(args, str(Path(tmp) / "memopd"))
+    mark("trainer built: student and teacher loaded")
     episodes = trainer.rollout()
-    init_student = copy.deepcopy(trainer.student.state_dict())
-    init_opt = copy.deepcopy(trainer.updater.opt.state_dict())
+    mark("rollout: one step's episodes sampled")
+    init_student = copy.deepcopy(trainer.student.state_dict()) if copies else {}
+    init_opt = copy.deepcopy(trainer.updater.opt.state_dict()) if copies else {}
     return trainer, episodes, calls_of(episodes), init_student, init_opt
 
 
@@ -226,22 +247,27 @@ def child_memory(args: argparse.Namespace) -> int:
     first (which allocates AdamW's state) and of the second (a training step's peak once the
     optimizer's state and whatever else a step keeps are resident), both over the resident memory
     before the first."""
+    mark = Timeline()
+    mark("start: torch, transformers and memopd imported")
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, episodes, calls, _, _ = setup(args, tmp)
+        trainer, episodes, calls, _, _ = setup(args, tmp, mark, copies=False)
         fault_in(trainer.student, trainer.teacher.model)
         if args.memory == "memopd":
             update = lambda: trainer.update(episodes)  # noqa: E731
-        else:
-            arm = TRLArm(copy.deepcopy(trainer.student), trainer.teacher.model, trainer.tokenizer, calls, args,
-                         str(Path(tmp) / "trl"))
+        else:  # TRL trains memopd's student itself: no third copy of the weights in this process
+            arm = TRLArm(trainer.student, trainer.teacher.model, trainer.tokenizer, calls, args, str(Path(tmp) / "trl"))
             fault_in(arm.model, arm.trainer.teacher_model if hasattr(arm.trainer, "teacher_model") else arm.model)
             update = arm.update
+        mark("weights read once")
         import psutil
 
         base = psutil.Process().memory_info().rss  # both counted from before the first update:
         _, first = peak_rss_growth(update, base)  # what a step keeps (AdamW's state, any gradients
+        mark("first update")
         _, second = peak_rss_growth(update, base)  # held between steps) is in the second's peak
-    print(json.dumps({"peak_mib": first, "steady_peak_mib": second}))
+        mark("second update")
+    print(json.dumps({"peak_mib": first, "steady_peak_mib": second, "base_mib": base / 2**20,
+                      "process_peak_mib": mark.marks[-1]["peak_mib"], "timeline": mark.marks}))
     return 0
 
 
@@ -302,20 +328,26 @@ def main(argv: list[str] | None = None) -> int:
     report["speedup"] = report["update_s"]["trl"] / report["update_s"]["memopd"] if args.repeats else None
     if not args.no_memory:
         base = [sys.executable, str(Path(__file__).resolve())] + (argv if argv is not None else sys.argv[1:])
-        peaks, steady = {}, {}
+        peaks, steady, process, bases, timelines = {}, {}, {}, {}, {}
         for tool in ("memopd", "trl"):
             out = subprocess.run(base + ["--memory", tool], capture_output=True, text=True, check=True,
                                  env={**os.environ, **EXACT_MALLOC}).stdout
             child = json.loads(out.strip().splitlines()[-1])
             peaks[tool], steady[tool] = child["peak_mib"], child["steady_peak_mib"]
+            process[tool], bases[tool], timelines[tool] = (child["process_peak_mib"], child["base_mib"],
+                                                           child["timeline"])
         report["peak_mib"], report["steady_peak_mib"] = peaks, steady
+        report["process_peak_mib"], report["base_mib"], report["timeline"] = process, bases, timelines
+        report["process_memory_ratio"] = process["memopd"] / max(process["trl"], 1e-9)
         report["memory_ratio"] = peaks["memopd"] / max(peaks["trl"], 1e-9)
         report["steady_memory_ratio"] = steady["memopd"] / max(steady["trl"], 1e-9)
     timing = (f"update s: memopd {report['update_s']['memopd']:.3f}, TRL {report['update_s']['trl']:.3f} (TRL / "
               f"memopd {report['speedup']:.2f}x)" if args.repeats else "not timed")
     memory = (f"; peak MiB (first update / later): memopd {report['peak_mib']['memopd']:.0f} / "
               f"{report['steady_peak_mib']['memopd']:.0f}, TRL {report['peak_mib']['trl']:.0f} / "
-              f"{report['steady_peak_mib']['trl']:.0f}" if "peak_mib" in report else "")
+              f"{report['steady_peak_mib']['trl']:.0f} (growth over the resident memory before the first update); "
+              f"the process's peak resident memory: memopd {report['process_peak_mib']['memopd']:.0f}, TRL "
+              f"{report['process_peak_mib']['trl']:.0f}" if "peak_mib" in report else "")
     print(f"{len(calls)} calls, {report['action_tokens']} completion tokens; {timing}{memory}")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

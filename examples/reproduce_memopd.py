@@ -122,6 +122,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP.replace("%", "%%"))
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bars")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the report records as its command
     unknown = sorted(set(args.arms.split(",")) - set(ARMS))
     if unknown:
         ap.error(f"--arms: unknown arm(s) {unknown}; choose from {list(ARMS)}")
@@ -414,7 +415,7 @@ def report(out: Path, teacher: Path, student: Path, args: argparse.Namespace, t0
     results["wall_s"] = time.perf_counter() - t0
     results["reused"] = list(REUSED)
     results["versions"] = versions()
-    results["command"] = "python examples/reproduce_memopd.py " + " ".join(sys.argv[1:])
+    results["command"] = "python examples/reproduce_memopd.py " + " ".join(args.argv)
     name = args.report_name
     (out / f"{name}.json").write_text(json.dumps(results, indent=2))
     plot(results, out / f"{name.replace('results', 'curves')}.png")

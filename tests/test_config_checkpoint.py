@@ -197,7 +197,7 @@ def test_train_and_sft_share_their_common_options():
         assert issubclass(cls, config.TrainingOptions)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         assert fields["attn"].metadata["choices"] == LOWERINGS
-        assert fields["threads"].default == 0  # memgym.cli.DEFAULT_THREADS, as every CLI
+        assert fields["threads"].default == config.DEFAULT_THREADS == 1  # as every CLI
     assert TrainConfig().audit_every == 20  # a cheap periodic RCE audit by default
     # one schedule: the SFT default (cosine to 10%) and the trainer's options are the same function
     f = runtime.lr_lambda("cosine", 2, 12, floor=0.1)

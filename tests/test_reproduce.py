@@ -64,6 +64,9 @@ def test_report_holds_table_plot_and_alignment(smoke):
     assert max(t["max_gap"] for t in turns["aligned"]) <= 1e-4
     assert all(t["mean_gap"] > 1e-3 for t in turns["persistent"][1:])
     assert abs(al["teacher_shift"][0]["mean_gap"]) <= 1e-5
+    # the command is the one this run was given, not the calling process's (a study run inside
+    # another script once recorded its caller's flags)
+    assert res["command"].startswith("python examples/reproduce_memopd.py --smoke --seeds 0 --out ")
 
 
 @pytest.mark.slow

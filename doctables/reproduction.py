@@ -1,0 +1,1 @@
+"""Renderers to come."""
