@@ -26,7 +26,8 @@ import importlib
 
 from doctables.core import TABLES, Data, table  # noqa: F401
 
-MODULES = ("baselines", "reproduction", "seed_methods", "smollm2", "other_tokenizer", "benchmarks", "summary")
+MODULES = ("baselines", "reproduction", "seed_methods", "smollm2", "other_tokenizer", "benchmarks", "summary",
+           "long_inputs")
 """The renderer modules, each the tables of one study (or one page's benchmarks)."""
 
 

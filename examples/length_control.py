@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results = {"env": ENV, "env_kwargs": ENV_KWARGS, "train_chunks": TRAIN_CHUNKS, "arms": args.arms,
                "lengths": args.lengths, "eval_episodes": args.eval_episodes, "rows": rows,
-               "command": "python examples/length_control.py" + (" --smoke" if args.smoke else ""),
+               "command": " ".join(["python examples/length_control.py", *(sys.argv[1:] if argv is None else argv)]),
                "wall_s_this_invocation": time.perf_counter() - t0,
                "versions": {"python": platform.python_version(), "torch": torch.__version__,
                             "transformers": transformers.__version__}}

@@ -9,18 +9,20 @@ tokens), in the digit presets' tokens, and LongQA's default for contrast. The pa
 
   ladder    the oracle's F1 at each budget of ``LADDER`` (no model): what the budget lets an agent
             that keeps exactly what is needed score. On LongQA one fact of 3 tokens is all it needs.
-  teacher   the auto teacher's recipe (``memopd.learn.models.TEACHER_SFT``: 250 SFT steps of 32 oracle
-            trajectories, from 1,000) on tiny-teacher-digits at the default size and a 16-token budget,
-            and its held-out F1 (64 test episodes, greedy): does the embedded recipe learn the task?
+  teacher   the auto teacher of a tiny-digits student (``memopd.learn.models.TEACHER_SFT``: 250 SFT
+            steps of 32 oracle trajectories, from 1,000, on tiny-teacher-digits) at the default size and
+            each budget of ``BUDGETS``, built where `memopd.train --teacher auto` finds it, and its
+            held-out F1 (greedy): does the embedded recipe learn the task?
   students  the embedded default run on the digit presets at a large and a small budget (``BUDGETS``),
             ``python -m memopd.train --env memgym/<Task>-v0 --model tiny-digits --env-kwarg memory_budget=B``
             (the auto teacher at that budget, the warm start, 80 steps of PPO + MemOPD), with the
             student's held-out F1 before and after and again by memopd.eval (F1 ± its standard error,
             mean memory write). The question states the budget, so each budget is its own run.
 
-Everything lands in --out (default runs/memory-binds): oracle/, teacher-<task>/ and <task>-<budget>/
-(reused by a rerun: finished work is read, an unfinished run resumed), results.json (every part
-run so far).
+Everything lands in --out (default runs/memory-binds): oracle/, teacher-eval/, <task>-<budget>/ (the
+student runs) and rows/ (one file per teacher or student cell, so two processes can share a study:
+`--budgets large` in one, `--budgets small` in the other), results.json (the parts of this
+invocation, each cell read from rows/ when there).
 """
 
 from __future__ import annotations
@@ -55,14 +57,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/memory-binds", help="the study's directory (reused by a rerun)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks")
+    p.add_argument("--budgets", default="large,small", help="which of each task's BUDGETS (teacher, students)")
     p.add_argument("--episodes", type=int, default=64, help="test episodes per evaluation")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
+    p.add_argument("--cached-only", action="store_true",
+                   help="compute nothing: results.json from the cells already done (a study shared by two processes)")
     p.add_argument("--smoke", action="store_true", help="tiny runs: the pipeline, not the result")
     args = p.parse_args(argv)
     args.tasks = [t for t in args.tasks.split(",") if t]
     args.parts = [x for x in args.parts.split(",") if x]
-    if [t for t in args.tasks if t not in BUDGETS] or [x for x in args.parts if x not in PARTS]:
-        p.error(f"--tasks takes {list(TASKS)}, --parts {list(PARTS)}")
+    args.budgets = [x for x in args.budgets.split(",") if x]
+    if ([t for t in args.tasks if t not in BUDGETS] or [x for x in args.parts if x not in PARTS]
+            or [x for x in args.budgets if x not in ("large", "small")]):
+        p.error(f"--tasks takes {list(TASKS)}, --parts {list(PARTS)}, --budgets large,small")
     if args.smoke:
         args.episodes = 4
     return args
@@ -97,58 +104,91 @@ def ladder(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def budgets(task: str, args: argparse.Namespace) -> list[int]:
+    large, small = BUDGETS[task]
+    return [b for which, b in (("large", large), ("small", small)) if which in args.budgets]
+
+
+def cached_row(path: Path, compute, args: argparse.Namespace) -> dict[str, Any] | None:
+    """One cell's row, computed once: separate files let two processes fill one study. With
+    ``--cached-only`` a cell not computed yet is left out."""
+    if not path.is_file():
+        if args.cached_only:
+            return None
+        row = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(row, indent=2) + "\n")
+    return json.loads(path.read_text())
+
+
 def teacher(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The auto teacher's recipe on tiny-teacher-digits at each task's default size (and LongQA's)."""
-    from memopd.learn.models import TEACHER_SFT
+    """The auto teacher of a tiny-digits student at each task's default size and each budget: built
+    where ``memopd.train --teacher auto`` looks for it (the students part reuses it), and evaluated."""
+    rows = [cached_row(Path(args.out) / "rows" / f"teacher-{task}-{b}.json", lambda t=task, b=b: teacher_cell(t, b, args),
+                       args) for task in args.tasks for b in budgets(task, args)]
+    return [r for r in rows if r is not None]
+
+
+def teacher_cell(task: str, budget: int, args: argparse.Namespace) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from memopd.learn.models import TEACHER_SFT, ensure_teacher
     from memopd.sft import SFTConfig, run as run_sft
 
-    rows = []
-    for task in [*args.tasks, CONTROL]:
-        out = Path(args.out) / f"teacher-{task}"
-        recipe = {**TEACHER_SFT, "model": "tiny-teacher-digits"}
-        if args.smoke:
-            recipe.update(steps=2, num_episodes=8, batch_episodes=4)
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    env, env_kwargs = f"memgym/{task}-v0", {"memory_budget": budget}
+    if args.smoke:  # a few steps, outside the cache
+        out = Path(args.out) / f"teacher-{task}-{budget}"
         if not (out / "config.json").is_file():
-            run_sft(SFTConfig(env=f"memgym/{task}-v0", env_kwargs={"memory_budget": 16}, out=str(out), seed=1,
-                              threads=args.threads, progress=False, **recipe), progress=False)
-        losses = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
-        _, f1 = evaluate(Path(args.out) / "teacher-eval" / task, task,
-                         ["--model", str(out), "--episodes", str(args.episodes), "--threads", str(args.threads),
-                          "--env-kwarg", "memory_budget=16"])
-        mean, se = mean_se(f1)
-        rows.append({"task": task, "teacher_f1": mean, "se": se, "episodes": len(f1), "steps": len(losses),
-                     "loss_first": losses[0], "loss_mid": losses[len(losses) // 2], "loss_last": losses[-1],
-                     "wall_s": time.perf_counter() - t0})
-        print(f"teacher on {task}: F1 {mean:.3f} ± {se:.3f} (se, {len(f1)} episodes), SFT loss "
-              f"{losses[0]:.2f} -> {losses[-1]:.2f}", flush=True)
-    return rows
+            run_sft(SFTConfig(env=env, env_kwargs=env_kwargs, out=str(out), seed=1, threads=args.threads,
+                              progress=False, **{**TEACHER_SFT, "model": "tiny-teacher-digits", "steps": 2,
+                                                 "num_episodes": 8, "batch_episodes": 4}), progress=False)
+    else:
+        out = Path(ensure_teacher(SimpleNamespace(env=env, env_kwargs=env_kwargs, model="tiny-digits", teacher="auto",
+                                                  seed=0, threads=args.threads, progress=False)))
+    losses = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
+    _, f1 = evaluate(Path(args.out) / "teacher-eval" / f"{task}-{budget}", task,
+                     ["--model", str(out), "--episodes", str(args.episodes), "--threads", str(args.threads),
+                      "--temperature", "0", "--top-k", "1", "--env-kwarg", f"memory_budget={budget}"])
+    mean, se = mean_se(f1)
+    print(f"teacher on {task} @ {budget}: F1 {mean:.3f} ± {se:.3f} (se, {len(f1)} episodes), SFT loss "
+          f"{losses[0]:.2f} -> {losses[-1]:.2f}", flush=True)
+    return {"task": task, "budget": budget, "teacher_f1": mean, "se": se, "episodes": len(f1), "steps": len(losses),
+            "loss_first": losses[0], "loss_mid": losses[len(losses) // 2], "loss_last": losses[-1],
+            "wall_s": time.perf_counter() - t0}
 
 
 def students(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The embedded default run at each of BUDGETS (finished runs are read, unfinished ones resumed)."""
+    rows = [cached_row(Path(args.out) / "rows" / f"students-{task}-{b}.json", lambda t=task, b=b: student_cell(t, b, args),
+                       args) for task in args.tasks for b in budgets(task, args)]
+    return [r for r in rows if r is not None]
+
+
+def student_cell(task: str, budget: int, args: argparse.Namespace) -> dict[str, Any]:
     from memopd import train
 
-    rows = []
-    for task in args.tasks:
-        for budget in BUDGETS[task]:
-            run = Path(args.out) / f"{task}-{budget}"
-            if not (run / "summary.json").is_file():
-                argv = (["--resume", str(run)] if (run / "config.toml").is_file() else
-                        ["--env", f"memgym/{task}-v0", "--model", "tiny-digits", "--env-kwarg",
-                         f"memory_budget={budget}", "--threads", str(args.threads), "--no-progress", "--run-dir",
-                         str(run)] + (SMOKE_TRAIN if args.smoke else []))
-                if train.main(argv) != 0:
-                    raise SystemExit(f"the run {run} failed")
-            summary = json.loads((run / "summary.json").read_text())
-            final, f1 = evaluate(run / "eval-final", task, ["--model", str(run), "--episodes", str(args.episodes),
-                                                            "--threads", str(args.threads), "--env-kwarg",
-                                                            f"memory_budget={budget}"])
-            mean, se = mean_se(f1)
-            rows.append({"task": task, "budget": budget, "teacher_f1": (summary.get("eval_teacher") or {}).get("f1"),
-                         "before_f1": summary["eval_before"]["f1"], "after_f1": summary["eval_after"]["f1"],
-                         "eval_f1": mean, "eval_se": se, "memory_tokens": final["memory_tokens"]})
-    return rows
+    run = Path(args.out) / f"{task}-{budget}"
+    t0 = time.perf_counter()
+    if not (run / "summary.json").is_file():
+        argv = (["--resume", str(run)] if (run / "config.toml").is_file() else
+                ["--env", f"memgym/{task}-v0", "--model", "tiny-digits", "--env-kwarg", f"memory_budget={budget}",
+                 "--threads", str(args.threads), "--no-progress", "--run-dir", str(run)]
+                + (SMOKE_TRAIN if args.smoke else []))
+        if train.main(argv) != 0:
+            raise SystemExit(f"the run {run} failed")
+    summary = json.loads((run / "summary.json").read_text())
+    final, f1 = evaluate(run / "eval-final", task, ["--model", str(run), "--episodes", str(args.episodes),
+                                                    "--threads", str(args.threads), "--temperature", "0",
+                                                    "--top-k", "1", "--env-kwarg", f"memory_budget={budget}"])
+    mean, se = mean_se(f1)
+    row = {"task": task, "budget": budget, "teacher_f1": (summary.get("eval_teacher") or {}).get("f1"),
+           "before_f1": summary["eval_before"]["f1"], "after_f1": summary["eval_after"]["f1"],
+           "eval_f1": mean, "eval_se": se, "memory_tokens": final["memory_tokens"],
+           "wall_s": time.perf_counter() - t0}
+    print(f"student on {task} @ {budget}: {row['before_f1']:.3f} -> {row['after_f1']:.3f}; eval {mean:.3f} ± {se:.3f}",
+          flush=True)
+    return row
 
 
 def ladder_table(rows: list[dict[str, Any]]) -> str:
@@ -200,8 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results.update({"tasks": args.tasks, "ladder_budgets": list(LADDER), "student_budgets": BUDGETS,
                     "episodes": args.episodes,
-                    "command": "python examples/memory_binds.py --parts " + ",".join(args.parts)
-                    + (" --smoke" if args.smoke else ""),
+                    "command": " ".join(["python examples/memory_binds.py", *(sys.argv[1:] if argv is None else argv)]),
                     "wall_s_this_invocation": time.perf_counter() - t0,
                     "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                  "transformers": transformers.__version__}})
