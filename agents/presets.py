@@ -141,9 +141,9 @@ def _sources(digits: bool = False) -> tuple[list[str], Iterator[str]]:
 
 def digit_corpus() -> Iterator[str]:
     """The digit presets' task text: LongQA's (:func:`memgym.generators.longqa.tokenizer_corpus`),
-    then the memory tasks' (:func:`memgym.generators.memory_tasks.tokenizer_corpus`)."""
+    then the memory tasks' (:func:`memgym.generators.memory_corpus.tokenizer_corpus`)."""
     from memgym.generators.longqa import tokenizer_corpus
-    from memgym.generators.memory_tasks import tokenizer_corpus as memory_corpus
+    from memgym.generators.memory_corpus import tokenizer_corpus as memory_corpus
 
     yield from tokenizer_corpus()
     yield from memory_corpus()
@@ -173,7 +173,7 @@ def corpus_fingerprint(digits: bool = False) -> str:
     templates, corpus = _sources(digits)
     texts = itertools.chain(templates, itertools.islice(corpus, FINGERPRINT_TEXTS))
     if digits:  # the memory tasks' text comes after LongQA's: hash its first texts too
-        from memgym.generators.memory_tasks import tokenizer_corpus as memory_corpus
+        from memgym.generators.memory_corpus import tokenizer_corpus as memory_corpus
 
         texts = itertools.chain(texts, itertools.islice(memory_corpus(), FINGERPRINT_TEXTS))
     h = hashlib.sha256()

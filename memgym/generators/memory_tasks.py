@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
-from memgym.chunking import NUMBERINGS, Counter, WordCounter, first_label, iter_chunks, render_document
+from memgym.chunking import NUMBERINGS, Counter, WordCounter, first_label, render_document
 from memgym.data import Document, Sample
 from memgym.generators.longqa import FILLER_ADJ, FILLER_NOUN, FILLER_VERB, TITLES
 from memgym.generators.planning import PlacedFact, PlannedDocuments
@@ -245,25 +245,3 @@ def build_source(task: MemoryTask, split: str, seed: int, *, chunk_size: int, nu
     cfg.check(task.name)
     task.check(cfg)
     return MemoryTaskSource(task, split, seed, cfg)
-
-
-def tokenizer_corpus(n_samples: int = 400, seed: int = 0) -> Iterator[str]:
-    """Representative text of every memory task (questions, chunks, answers, oracle memories), for
-    the digit presets' tokenizer (:func:`agents.presets.digit_corpus`)."""
-    from memgym.generators import counting, knowledge_update, multi_value, variable_tracking
-
-    modules = (knowledge_update, multi_value, variable_tracking, counting)
-    for module in modules:
-        yield " ".join(getattr(module, "WORDS", ()))
-    for i in range(n_samples):
-        module = modules[i % len(modules)]
-        source = module.make_source("corpus", seed, num_chunks=4, chunk_size=64, num_samples=n_samples,
-                                    distractor_similarity=0.5)
-        sample = source[i]
-        yield sample.question
-        memory = ""
-        for chunk in iter_chunks(sample.documents, 64):
-            yield chunk.text
-            memory = " ".join(sample.oracle.update(memory, chunk.text))
-            yield memory
-        yield " ".join(sample.answers)
