@@ -174,3 +174,21 @@ def packing_kl(d: Data) -> str:
     rows = [[names[r["chunk"] > 0].format(**r), f"{thousands(r['peak_mib'])} MiB", f"{r['seconds']:.0f} s"]
             for r in d("packing.json")["kl"]]
     return md(["KL computation", "peak memory", "time"], rows)
+
+
+@table("benchmarks.first_run")
+def first_run(d: Data) -> str:
+    runs = d("threads.json")["first_run"]["runs"]
+    quiet = runs["quiet"]["seconds"]
+    rows = [[load, f(r["seconds"], 1), f"{r['seconds'] / quiet:.2f}x", f(r["teacher_f1"]),
+             f"{f(r['f1_before'])} -> {f(r['f1_after'])}"] for load, r in runs.items()]
+    return md(["load", "seconds", "x quiet", "teacher F1", "student held-out F1"], rows)
+
+
+@table("benchmarks.threads")
+def threads(d: Data) -> str:
+    res = d("threads.json")["shortened"]["results"]
+    one = res["1"]["total_s"]
+    rows = [[t, f(r["sft_s"], 1), f(r["train_s"], 1), f(r["total_s"], 1), f"{r['total_s'] / one:.2f}x"]
+            for t, r in sorted(res.items())]
+    return md(["--threads", "teacher SFT s", "training s", "total s", "x --threads 1"], rows)
