@@ -60,6 +60,12 @@ def other_tokenizer(d: Data, path: Path) -> None:
     script("other_tokenizer").plot(d("other_tokenizer/results.json")["runs"], path)
 
 
+@figure("other_tokenizer_old_map_curves.png")
+def other_tokenizer_old_map(d: Data, path: Path) -> None:
+    """The other-tokenizer arms with the map before its fix, from the same start and teachers."""
+    script("other_tokenizer").plot(d("other_tokenizer/results-old-map.json")["runs"], path)
+
+
 def seed_study(study: str) -> Drawer:
     def draw(d: Data, path: Path) -> None:
         res = d(f"seed_methods/{study}.json")

@@ -30,9 +30,9 @@ Arms, each for every seed, the same budget of steps and episodes:
 
   same-topk      the top-20 + tail estimator (the teacher's 20 most likely tokens and one bucket for
                  the rest) against the same-tokenizer teacher
-  other-topk     the same against the other-tokenizer teacher: its 20 most likely tokens that the
-                 student's vocabulary has, by text, at each student token alone in its chunk
-                 (memopd.retokenize, rule 4)
+  other-topk     the same against the other-tokenizer teacher: its 20 most likely tokens of its own
+                 vocabulary and the tail, against the student's distribution summed onto them by
+                 first pieces, at the first student token of each chunk (memopd.retokenize, rule 4)
 
   served-topk    the same-tokenizer teacher behind a stock ``vllm serve`` on 127.0.0.1 (started
                  here, with ``--vllm-python``'s vLLM), the top-20 + tail estimator, the served
