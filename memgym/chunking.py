@@ -1,11 +1,18 @@
 """Length units, document rendering, streaming chunking and the memory cut.
 
-Everything here is measured in *units*: whitespace-separated words by default, or tokens of
-a Hugging Face tokenizer. A :class:`Counter` hides which; the chunker, the memory cut and the
-generators that size their input (LongQA plans chunks exactly) all share one.
+Everything here is measured in *units*. An environment always counts **tokens**: of the
+tokenizer it is made with (the agent's), else of memgym's default tokenizer
+(:func:`default_tokenizer`, the tiny presets' byte-level BPE, shipped as
+``memgym/default_tokenizer.json`` and read without torch). The memory budget, the chunk size and
+every agent's memory cap are counted in that one unit. :class:`WordCounter` (whitespace words)
+remains for generators called on their own. A :class:`Counter` hides which; the chunker, the
+memory cut and the generators that size their input (LongQA plans chunks exactly) share one.
 
 Chunking rules (the environment contract):
-- documents are rendered as ``"Document i: <title>\\n<text>"`` (``i`` is 1-based in the stream);
+- documents are rendered as ``"Document i: <title>\\n<text>"``; ``i`` counts the stream from a
+  first label (:func:`first_label`): 1 (``numbering="sequential"``), a random offset drawn per
+  sample (``"random"``: training sees the labels long inputs have) or no label at all (``"none"``:
+  ``"Document: <title>"``);
 - a chunk holds whole documents, packed greedily in order, while they fit;
 - a document longer than a chunk is split at word boundaries, preferring sentence ends; its
   continuation pieces repeat the header with ``(continued)``;
@@ -15,8 +22,12 @@ Documents are consumed lazily, so a million-token episode streams in flat memory
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
 
 from memgym.data import Document
@@ -24,6 +35,10 @@ from memgym.data import Document
 PIECE_SEPARATOR = "\n\n"
 _WORD_RE = re.compile(r"\S+")
 _SENTENCE_END = (".", "!", "?")
+DEFAULT_TOKENIZER_FILE = Path(__file__).resolve().parent / "default_tokenizer.json"
+"""memgym's default tokenizer: the tiny presets' (``agents.presets``), the tokenizer of the default
+student, so that an env made without a tokenizer counts exactly what training and evaluation count
+(tests/test_budget_unit.py checks the file against the preset)."""
 
 
 class Counter(Protocol):
@@ -75,14 +90,22 @@ class TokenCounter:
     unit = "tokens"
 
     def __init__(self, tokenizer: Any):
-        if not getattr(tokenizer, "is_fast", False):
+        from tokenizers import Tokenizer
+
+        # A bare ``tokenizers.Tokenizer`` (the default one) needs no transformers, hence no torch.
+        self._raw = tokenizer if isinstance(tokenizer, Tokenizer) else None
+        if self._raw is None and not getattr(tokenizer, "is_fast", False):
             raise TypeError(
                 f"memgym needs a fast (Rust-backed) Hugging Face tokenizer for token offsets; "
                 f"got {type(tokenizer).__name__}. Load it with AutoTokenizer.from_pretrained(..., use_fast=True)."
             )
         self.tokenizer = tokenizer
+        self.fingerprint = tokenizer_fingerprint(tokenizer)
 
     def _encode(self, text: str, offsets: bool = False) -> dict:
+        if self._raw is not None:
+            enc = self._raw.encode(text, add_special_tokens=False)
+            return {"input_ids": enc.ids, "offset_mapping": enc.offsets}
         fast = backend_encode(self.tokenizer, text)
         if fast is not None:
             return {"input_ids": fast.ids, "offset_mapping": fast.offsets}
@@ -133,17 +156,46 @@ def backend_encode(tokenizer: Any, text: str, split_special_tokens: bool = False
     return backend.encode(text, add_special_tokens=False)
 
 
-def make_counter(tokenizer: Any = None) -> Counter:
-    """A :class:`WordCounter` when ``tokenizer`` is None, else a :class:`TokenCounter`.
+def make_counter(tokenizer: Any = None) -> TokenCounter:
+    """The :class:`TokenCounter` an environment counts with: of ``tokenizer``, else of
+    :func:`default_tokenizer`.
 
-    ``tokenizer`` may be a transformers tokenizer object or a string (hub id or local
-    directory), loaded lazily here with ``AutoTokenizer`` so that importing memgym stays light.
+    ``tokenizer`` may be a transformers tokenizer object, a ``tokenizers.Tokenizer`` or a string
+    (hub id or local directory), loaded lazily here with ``AutoTokenizer`` so that importing
+    memgym stays light.
     """
     if tokenizer is None:
-        return WordCounter()
+        return TokenCounter(default_tokenizer())
     if isinstance(tokenizer, str):
         tokenizer = _load_tokenizer(tokenizer)
     return TokenCounter(tokenizer)
+
+
+@lru_cache(maxsize=1)
+def default_tokenizer() -> Any:
+    """memgym's default tokenizer (:data:`DEFAULT_TOKENIZER_FILE`), a ``tokenizers.Tokenizer``."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(DEFAULT_TOKENIZER_FILE))
+
+
+_FINGERPRINTS: dict[int, tuple[Any, str]] = {}
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short hash of what decides how a tokenizer counts (normaliser, pre-tokeniser, model,
+    added tokens), equal for a transformers fast tokenizer and the ``tokenizers.Tokenizer`` it
+    wraps. An env puts it in ``info["budget_tokenizer"]`` so that an agent counting with another
+    tokenizer (another unit) is told at once."""
+    known = _FINGERPRINTS.get(id(tokenizer))
+    if known is not None and known[0] is tokenizer:
+        return known[1]
+    backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    spec = json.loads(backend.to_str())
+    keep = {k: spec.get(k) for k in ("added_tokens", "normalizer", "pre_tokenizer", "model")}
+    digest = hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+    _FINGERPRINTS[id(tokenizer)] = (tokenizer, digest)
+    return digest
 
 
 def _load_tokenizer(spec: str) -> Any:
@@ -156,11 +208,12 @@ def _load_tokenizer(spec: str) -> Any:
     looks_local = os.path.isabs(expanded) or spec.startswith((".", "~")) or os.path.exists(expanded)
     if looks_local and not os.path.exists(expanded):
         raise ValueError(f"tokenizer={spec!r}: no such directory; give a directory holding a saved tokenizer "
-                         "(tokenizer.json), a hub id such as 'gpt2', or leave tokenizer unset to count words")
+                         "(tokenizer.json), a hub id such as 'gpt2', or leave tokenizer unset (memgym's default)")
     files = ("tokenizer.json", "tokenizer_config.json")
     if os.path.isdir(expanded) and not any(os.path.isfile(os.path.join(expanded, f)) for f in files):
         raise ValueError(f"tokenizer={spec!r}: the directory holds no tokenizer files ({', '.join(files)}); give a "
-                         "directory a tokenizer was saved to (save_pretrained), or leave tokenizer unset to count words")
+                         "directory a tokenizer was saved to (save_pretrained), or leave tokenizer unset (memgym's "
+                         "default)")
     from transformers import AutoTokenizer  # lazy: heavy import
 
     try:
@@ -169,16 +222,41 @@ def _load_tokenizer(spec: str) -> Any:
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         what = "a directory holding a saved tokenizer (tokenizer.json)" if looks_local else "a hub id such as 'gpt2'"
         raise ValueError(f"tokenizer={spec!r}: could not load a tokenizer from it ({first[:200]}); give {what}, "
-                         "or leave tokenizer unset to count words") from None
+                         "or leave tokenizer unset (memgym's default)") from None
 
 
-def document_header(index: int, title: str, continued: bool = False) -> str:
-    header = f"Document {index}: {title}".rstrip()
+NUMBERINGS = ("sequential", "random", "none")
+"""How documents are labelled (the env's ``numbering`` setting; see :func:`first_label`)."""
+RANDOM_LABELS = 10_000
+"""``numbering="random"``: the first label of a sample is drawn from 1..RANDOM_LABELS."""
+
+
+def first_label(numbering: str, sample_id: str) -> int | None:
+    """The label of a sample's first document: 1 (``"sequential"``), a number drawn from the sample
+    id in 1..:data:`RANDOM_LABELS` (``"random"``: the same sample is always labelled alike, and a
+    training run sees labels up to RANDOM_LABELS + its documents), or None (``"none"``: no labels)."""
+    if numbering == "sequential":
+        return 1
+    if numbering == "none":
+        return None
+    if numbering == "random":
+        digest = hashlib.sha256(f"memgym-numbering/{sample_id}".encode()).digest()
+        return 1 + int.from_bytes(digest[:8], "big") % RANDOM_LABELS
+    raise ValueError(f"numbering must be one of {NUMBERINGS}, got {numbering!r}")
+
+
+def label(first: int | None, position: int) -> int | None:
+    """The label of the document at 1-based ``position`` when the first is labelled ``first``."""
+    return None if first is None else first + position - 1
+
+
+def document_header(index: int | None, title: str, continued: bool = False) -> str:
+    header = (f"Document {index}: {title}" if index is not None else f"Document: {title}").rstrip()
     return header + " (continued)" if continued else header
 
 
-def render_document(index: int, doc: Document) -> str:
-    """How a document appears in a chunk; ``index`` is 1-based."""
+def render_document(index: int | None, doc: Document) -> str:
+    """How a document appears in a chunk; ``index`` is its label (None: unlabelled)."""
     return f"{document_header(index, doc.title)}\n{doc.text}"
 
 
@@ -235,11 +313,11 @@ class Chunk:
 
     text: str
     size: int
-    first_document: int  # 1-based index of the first document (piece) in the chunk
+    first_document: int  # 1-based position of the first document (piece) in the chunk
     last_document: int
 
 
-def _split_long(index: int, doc: Document, chunk_size: int, counter: Counter) -> Iterator[tuple[str, int]]:
+def _split_long(index: int | None, doc: Document, chunk_size: int, counter: Counter) -> Iterator[tuple[str, int]]:
     """Split one over-long document into pieces of at most ``chunk_size`` units.
 
     Words are packed greedily; a piece ends at the last sentence end that fits when there is
@@ -271,44 +349,49 @@ def _split_long(index: int, doc: Document, chunk_size: int, counter: Counter) ->
         w, continued = end, True
 
 
-def iter_pieces(documents: Iterable[Document], chunk_size: int, counter: Counter) -> Iterator[tuple[int, str, int]]:
-    """Rendered pieces ``(document_index, text, units)``: whole documents, or parts of long ones."""
-    for index, doc in enumerate(documents, start=1):
-        text = render_document(index, doc)
+def iter_pieces(documents: Iterable[Document], chunk_size: int, counter: Counter,
+                first: int | None = 1) -> Iterator[tuple[int, str, int]]:
+    """Rendered pieces ``(document_position, text, units)``: whole documents, or parts of long
+    ones; positions are 1-based, labels start at ``first`` (None: unlabelled)."""
+    for position, doc in enumerate(documents, start=1):
+        text = render_document(label(first, position), doc)
         units = counter.count(text)
         if units <= chunk_size:
-            yield index, text, units
+            yield position, text, units
         else:
-            for piece, piece_units in _split_long(index, doc, chunk_size, counter):
-                yield index, piece, piece_units
+            for piece, piece_units in _split_long(label(first, position), doc, chunk_size, counter):
+                yield position, piece, piece_units
 
 
-def iter_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None) -> Iterator[Chunk]:
-    """Stream the chunks of a document sequence (lazily; nothing is materialised beyond a chunk)."""
+def iter_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None,
+                first: int | None = 1) -> Iterator[Chunk]:
+    """Stream the chunks of a document sequence (lazily; nothing is materialised beyond a chunk);
+    documents are labelled from ``first`` (:func:`first_label`)."""
     counter = counter or WordCounter()
     packer = Packer(chunk_size, counter)
     parts: list[str] = []
-    first = last = 0
-    for index, text, units in iter_pieces(documents, chunk_size, counter):
+    first_doc = last = 0
+    for index, text, units in iter_pieces(documents, chunk_size, counter, first):
         if parts and not packer.fits(units):
-            yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first, last)
+            yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first_doc, last)
             packer.close()
             parts = []
         if not parts:
-            first = index
+            first_doc = index
         packer.add(units)
         parts.append(text)
         last = index
     if parts:
-        yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first, last)
+        yield Chunk(PIECE_SEPARATOR.join(parts), packer.used, first_doc, last)
 
 
-def count_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None) -> int:
+def count_chunks(documents: Iterable[Document], chunk_size: int, counter: Counter | None = None,
+                 first: int | None = 1) -> int:
     """Number of chunks :func:`iter_chunks` would give, without joining any chunk text."""
     counter = counter or WordCounter()
     packer = Packer(chunk_size, counter)
     n = 0
-    for _, _, units in iter_pieces(documents, chunk_size, counter):
+    for _, _, units in iter_pieces(documents, chunk_size, counter, first):
         if packer.pieces and not packer.fits(units):
             packer.close()
         if not packer.pieces:

@@ -43,6 +43,10 @@ class Sample:
     documents: Iterable[Document]
     supporting_facts: list[Any] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    oracle: Any = None
+    """How a scripted oracle solves this sample from its own memory
+    (:class:`memgym.oracle.OracleScript`); ``None``: from ``supporting_facts``
+    (:class:`memgym.oracle.FactsScript`)."""
 
     def iter_documents(self) -> Iterator[Document]:
         return iter(self.documents)

@@ -3,6 +3,12 @@
 Each step delivers one chunk; the agent's action for it becomes its new memory (cut to the
 memory budget). After the last chunk the agent answers; the episode terminates with the
 answer's score as reward. See the README quickstart and docs/gym.md for the info keys.
+
+One unit everywhere: ``memory_budget`` and ``chunk_size`` are counted in **tokens** of the env's
+``tokenizer`` (the agent's: ``memopd.eval`` and ``memopd.train`` pass the model's), or, made
+without one, of memgym's default tokenizer (the tiny presets'; :func:`memgym.chunking.default_tokenizer`).
+``info["budget_unit"]`` is ``"tokens"`` and ``info["budget_tokenizer"]`` names the tokenizer
+(:func:`memgym.chunking.tokenizer_fingerprint`), so an agent counting with another one is told.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from typing import Any, Iterator
 
 import gymnasium as gym
 
-from memgym.chunking import Chunk, Counter, count_chunks, iter_chunks, make_counter
+from memgym.chunking import NUMBERINGS, Chunk, TokenCounter, count_chunks, first_label, iter_chunks, make_counter
 from memgym.data import Sample
 from memgym.errors import EpisodeEndedError, ResetNeededError
 from memgym.registry import ENV_SETTINGS, TaskSpec, get_task, load_task
@@ -39,7 +45,8 @@ class MemoryQAEnv(gym.Env[str, str]):
         task: a registered id or name (``"LongQA"``, ``"memgym/LongQA-v0"``).
         render_mode: ``None`` or ``"ansi"`` (``render()`` returns the observation text).
         **kwargs: the settings of :data:`ENV_DEFAULTS` (see the kwargs table in docs/gym.md);
-            any other kwarg goes to the task's ``make_source`` (e.g. ``hops=2``).
+            any other kwarg goes to the task's ``make_source`` (e.g. ``hops=2``). ``memory_budget``
+            and ``chunk_size`` are in tokens of ``tokenizer`` (default: memgym's default tokenizer).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -59,7 +66,8 @@ class MemoryQAEnv(gym.Env[str, str]):
         self.memory_budget: int = settings["memory_budget"]
         self.scorer: str = settings["scorer"]
         self.hotpot_rules: bool = settings["hotpot_rules"]
-        self.counter: Counter = make_counter(settings["tokenizer"])
+        self.numbering: str = settings["numbering"]
+        self.counter: TokenCounter = make_counter(settings["tokenizer"])
         max_len = settings["max_text_length"]
         _check_chunk_fits(self.chunk_size, max_len, self.counter.unit)
         self.source = self._make_source(settings, source_kwargs)
@@ -89,6 +97,8 @@ class MemoryQAEnv(gym.Env[str, str]):
         for key in ("num_chunks", "context_length"):
             if settings[key] is not None:
                 _check_int(settings, key, 1)
+        if settings["numbering"] not in NUMBERINGS:
+            raise ValueError(f"numbering must be one of {NUMBERINGS}, got {settings['numbering']!r}")
         if settings["scorer"] not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {settings['scorer']!r}")
         self.task.check_split(settings["split"])
@@ -97,7 +107,8 @@ class MemoryQAEnv(gym.Env[str, str]):
 
     def _make_source(self, settings: dict[str, Any], source_kwargs: dict[str, Any]):
         sizing = {"chunk_size": settings["chunk_size"], "num_chunks": settings["num_chunks"],
-                  "context_length": settings["context_length"], "counter": self.counter}
+                  "context_length": settings["context_length"], "counter": self.counter,
+                  "numbering": settings["numbering"], "memory_budget": settings["memory_budget"]}
         for key in ("num_chunks", "context_length"):
             if sizing[key] is not None and not self.task.accepts(key):
                 raise ValueError(f"task {self.task.name} does not take {key}: its input length comes from its data; "
@@ -113,10 +124,11 @@ class MemoryQAEnv(gym.Env[str, str]):
         index = self._select(options)
         sample = self.source[index]
         self._sample = sample
+        first = first_label(self.numbering, sample.id)
         planned = getattr(sample.documents, "num_chunks_for", None)
-        n = planned(self.chunk_size, self.counter) if planned else None
-        self._num_chunks = n if n is not None else count_chunks(sample.documents, self.chunk_size, self.counter)
-        self._chunks = iter_chunks(sample.documents, self.chunk_size, self.counter)
+        n = planned(self.chunk_size, self.counter, first) if planned else None
+        self._num_chunks = n if n is not None else count_chunks(sample.documents, self.chunk_size, self.counter, first)
+        self._chunks = iter_chunks(sample.documents, self.chunk_size, self.counter, first)
         self._memory, self._memory_size = "", 0
         self._cut = 0
         self._chunk_index = 0
@@ -148,6 +160,22 @@ class MemoryQAEnv(gym.Env[str, str]):
             self._phase, self._cut = "done", 0
         self._obs = self._observation()
         return self._obs, reward, self._phase == "done", False, self._info()
+
+    @property
+    def sample(self) -> Sample | None:
+        """The sample of the running episode (None before the first reset)."""
+        return self._sample
+
+    def replace_memory(self, text: str) -> tuple[str, dict[str, Any]]:
+        """Replace the memory the next step reads (the perturbed-memory control,
+        :class:`memgym.perturb.MemoryPerturbation`): cut to the budget as an action is; returns the
+        new observation and info."""
+        if self._sample is None or self._phase == "done":
+            raise ResetNeededError("replace_memory needs a running episode (reset first; not after the answer)")
+        memory, size, cut = self.counter.cut(text, self.memory_budget)
+        self._memory, self._memory_size, self._cut = self._fit_memory(memory, size, cut)
+        self._obs = self._observation()
+        return self._obs, self._info()
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -259,6 +287,7 @@ class MemoryQAEnv(gym.Env[str, str]):
             "memory_size": self._memory_size,
             "memory_budget": self.memory_budget,
             "budget_unit": self.counter.unit,
+            "budget_tokenizer": self.counter.fingerprint,
             "memory_truncated": self._cut > 0,
             "memory_cut": self._cut,
         }

@@ -28,8 +28,10 @@ A task folder is code, like any plugin: its ``generator.py`` runs when its env i
 module is an explicit choice and is followed.
 
 Sizing protocol: a ``make_source`` that names any of the parameters ``chunk_size``,
-``num_chunks``, ``context_length`` or ``counter`` receives the environment's values for them,
-so it can size its input (LongQA plans its documents to fill exactly ``num_chunks`` chunks).
+``num_chunks``, ``context_length``, ``counter``, ``numbering`` or ``memory_budget`` receives the
+environment's values for them, so it can size its input (LongQA plans its documents to fill
+exactly ``num_chunks`` chunks, with the document labels ``numbering`` gives) or state the budget
+in its question (the memory tasks).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ else:  # pragma: no cover
 
 NAMESPACE = "memgym"
 ENTRY_POINT = "memgym.env:MemoryQAEnv"
-SIZING_KWARGS = ("chunk_size", "num_chunks", "context_length", "counter")
+SIZING_KWARGS = ("chunk_size", "num_chunks", "context_length", "counter", "numbering", "memory_budget")
 # The one list of environment settings: name -> (default, types a task.toml [env] table may
 # give). A task's [env] table overrides the defaults, make kwargs override both; every other
 # make kwarg goes to the task's make_source. ``env.ENV_DEFAULTS`` and ``ENV_KEYS`` derive from it.
@@ -73,6 +75,7 @@ ENV_SETTINGS: dict[str, tuple[Any, tuple[type, ...]]] = {
     "max_text_length": (1 << 20, (int,)),
     "hotpot_rules": (False, (bool,)),
     "data_seed": (0, (int,)),
+    "numbering": ("sequential", (str,)),
 }
 # Keys allowed in a task.toml [env] table, with their expected types.
 ENV_KEYS: dict[str, tuple[type, ...]] = {key: types for key, (_, types) in ENV_SETTINGS.items()}

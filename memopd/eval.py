@@ -100,6 +100,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env-kwarg", action="append", default=[], metavar="KEY=VALUE",
                    help="extra gymnasium.make kwarg (repeatable); VALUE is parsed as a Python literal when it "
                         "is one (8, 0.5, True, None), else kept as a string")
+    p.add_argument("--memory-perturbation", default=None, metavar="KIND[@N|@pP]",
+                   help="the perturbed-memory control (memgym.perturb): replace the memory the next call reads by "
+                        "drop (empty), stale (the memory before the write) or distractor (a wrong answer in it), "
+                        "once per episode (KIND), after chunk N (KIND@N) or after each chunk with probability P "
+                        "(KIND@pP); the summary reports recovery")
     p.add_argument("--device", default="cpu", help="torch device of the model")
     add_backend_args(p)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=THREADS_HELP)
@@ -184,6 +189,13 @@ def check_choices(args: argparse.Namespace) -> str:
     if args.threads < 0:
         raise CLIError(f"--threads must be >= 0 (0: torch's choice), got {args.threads}")
     check_sampling(args)
+    if args.memory_perturbation is not None:
+        from memgym.perturb import parse_spec
+
+        try:
+            parse_spec(args.memory_perturbation)
+        except ValueError as exc:
+            raise CLIError(f"--memory-perturbation: {exc}") from None
     return env_id
 
 
@@ -334,13 +346,18 @@ def make_envs(env_id: str, args: argparse.Namespace, tokenizer: Any, env_kwargs:
     from memgym.generators.hotpot import DatasetUnavailableError
 
     try:
-        return [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs)
+        envs = [gym.make(env_id, split=args.split, tokenizer=tokenizer, **env_kwargs)
                 for _ in range(min(args.batch_size, args.episodes))]
     except TaskConfigError as exc:  # the task folder is wrong, not the flags: the message names file and key
         raise CLIError(f"{env_id}: {exc}") from None
     except (ValueError, TypeError, KeyError, MemgymError, DatasetUnavailableError) as exc:
         message = str(exc).split(" was raised from the environment creator")[0]  # drop the repr of every kwarg
         raise CLIError(f"{env_id}: {message} (check --env-kwarg and --split)") from None
+    if getattr(args, "memory_perturbation", None):
+        from memgym.perturb import MemoryPerturbation
+
+        envs = [MemoryPerturbation(env, args.memory_perturbation) for env in envs]
+    return envs
 
 
 def check_range(envs: Sequence[Any], args: argparse.Namespace, env_id: str, groups: int) -> None:
@@ -502,12 +519,41 @@ def _run(args: argparse.Namespace, env_id: str, env_kwargs: dict[str, Any], out:
     summary.update({"env": env_id, "agent": args.agent, "agent_kwargs": args.agent_options, "model": model_label,
                     "split": args.split, "episodes": len(episodes), "seed": args.seed, "start_index": args.start_index,
                     "group_size": args.group_size, "temperature": args.temperature, "env_kwargs": env_kwargs})
+    if args.memory_perturbation:
+        summary["memory_perturbation"] = {"spec": args.memory_perturbation, **recovery(episodes)}
     with _writing(out / "summary.json"):
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     header = f"{env_id}  agent={args.agent}  model={model_label}  split={args.split}  episodes={len(episodes)}"
     print(format_table(summary, header))
     print(f"saved {episodes_path} and {out / 'summary.json'}")
+    warn_dropped(episodes)
     return summary, episodes, envs
+
+
+def warn_dropped(episodes: Sequence[Any]) -> None:
+    """Say when a scripted oracle's memory could not hold what its answers needed (those episodes
+    score less: the oracle answers from its memory alone)."""
+    short = [e for e in episodes if getattr(e, "dropped_facts", None) and not e.perturbations]  # not perturbed away
+    if short:
+        print(f"warning: in {len(short)} of {len(episodes)} episodes the memory budget cannot hold what the "
+              f"answer needs (e.g. {short[0].dropped_facts[0]!r}; see dropped_facts in episodes.jsonl); the oracle "
+              "answers only from its memory: raise --env-kwarg memory_budget", file=sys.stderr)
+
+
+def recovery(episodes: Sequence[Any]) -> dict[str, Any]:
+    """The perturbed-memory control's reading: F1 of the perturbed episodes where a supporting fact
+    was read again after the (last) perturbation (recovery was possible), of those where it was not,
+    and of the episodes left unperturbed; each with its count (F1 None when there are none)."""
+    def f1(group: list[Any]) -> float | None:
+        return sum(e.metrics.get("f1", 0.0) for e in group) / len(group) if group else None
+
+    perturbed = [e for e in episodes if e.perturbations]
+    again = [e for e in perturbed if e.perturbations[-1].reappears]
+    never = [e for e in perturbed if e.perturbations[-1].reappears is False]
+    plain = [e for e in episodes if not e.perturbations]
+    return {"perturbed": len(perturbed), "f1_perturbed": f1(perturbed), "fact_read_again": len(again),
+            "f1_recovery": f1(again), "fact_not_read_again": len(never), "f1_not_read_again": f1(never),
+            "unperturbed": len(plain), "f1_unperturbed": f1(plain)}
 
 
 def summarize(episodes: Sequence[Any], wall_s: float | None = None) -> dict[str, Any]:
@@ -555,10 +601,20 @@ def format_table(summary: dict[str, Any], header: str) -> str:
         rows.append(("generated tokens / s", f"{summary['generated_tokens_per_s']:.1f}"))
     if "calls_per_s" in summary:
         rows.append(("model calls / s", f"{summary['calls_per_s']:.1f}"))
+    if "memory_perturbation" in summary:  # the perturbed-memory control: recovery against no perturbation
+        r = summary["memory_perturbation"]
+        rows += [(f"F1 perturbed ({r['spec']})", _f1_of(r["f1_perturbed"], r["perturbed"])),
+                 ("F1 recovery (fact read again)", _f1_of(r["f1_recovery"], r["fact_read_again"])),
+                 ("F1 fact not read again", _f1_of(r["f1_not_read_again"], r["fact_not_read_again"])),
+                 ("F1 unperturbed", _f1_of(r["f1_unperturbed"], r["unperturbed"]))]
     width = max(len(r[0]) for r in rows)
     lines = [header, f"{'metric':<{width}}  value", f"{'-' * width}  -----"]
     lines += [f"{name:<{width}}  {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+def _f1_of(value: float | None, n: int) -> str:
+    return f"{value:.3f} ({n} episodes)" if value is not None else f"- ({n} episodes)"
 
 
 def _count(value: float) -> str:

@@ -327,7 +327,8 @@ def episode_row(ep: Episode, index: int, step: int | None,
         "fail": is_failure(ep),
         # lower-cased text the search box matches
         "text": " ".join([ep.episode_id, ep.task_id, ep.sample_id, ep.question, ep.prediction,
-                          *ep.answers]).lower(),
+                          *ep.answers, *(["perturbed"] + [p.kind for p in ep.perturbations]
+                                         if ep.perturbations else [])]).lower(),
     }
 
 
@@ -419,6 +420,14 @@ def invocation_card(inv: Invocation, tokenizer: Any, prev_memory: str | None) ->
     return card
 
 
+def perturbation_line(p: Any) -> str:
+    """One replaced memory (:class:`memgym.perturb.Perturbation`) as the viewer says it."""
+    again = {True: "a supporting fact was read again after it", False: "no supporting fact was read again",
+             None: "the sample names no supporting fact"}[p.reappears]
+    before, after = p.original or "(empty)", p.replacement or "(empty)"
+    return f"{p.kind} after chunk {p.after_chunk}: {before!r} -> {after!r} ({again})"
+
+
 def episode_detail(ep: Episode, step: int | None, tokenizer: Any = None) -> dict[str, Any]:
     """Everything the expanded episode shows; built in Python, drawn lazily by the page."""
     invs = ep.invocations
@@ -441,6 +450,7 @@ def episode_detail(ep: Episode, step: int | None, tokenizer: Any = None) -> dict
         "prefix": {"tokens": prefix_len,
                    "text": decode(tokenizer, invs[0].prompt_ids[:prefix_len]) if (invs and tokenizer) else None},
         "calls": calls,
+        "perturbations": [perturbation_line(p) for p in ep.perturbations or []],
         "kl_by_role": {role: kl_stats(v) for role, v in by_role.items()},
         "meta": _short_json(ep.meta) if ep.meta else None,
     }
@@ -682,6 +692,8 @@ def _print_episode(console: Any, ep: Episode, k: int, tokenizer: Any, Panel: Any
     console.print(Text(f"prediction: {ep.prediction}"))
     scores = [f"{m}={_num(v, 3)}" for m, v in d["metrics"].items() if v is not None]
     console.print(Text("scores:     " + "  ".join(scores)))
+    for line in d["perturbations"]:
+        console.print(Text(f"memory perturbed: {line}", style="yellow"))
     for c in d["calls"]:
         body = Text()
         for seg in c["segments"]:

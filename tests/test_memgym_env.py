@@ -126,13 +126,17 @@ def test_reward_follows_the_scorer_and_the_scoring_module():
         assert info["metrics"] == pytest.approx(expected)
 
 
-def test_memory_budget_in_words_cuts_and_reports():
-    env = gym.make("memgym/LongQA-v0", memory_budget=5)
+def test_memory_budget_in_tokens_of_the_default_tokenizer_cuts_and_reports():
+    from memgym.chunking import default_tokenizer
+
+    env = gym.make("memgym/LongQA-v0", memory_budget=5)  # no tokenizer: memgym's default one counts
     env.reset(seed=0)
     action = "one two  three four five six seven"
+    enc = default_tokenizer().encode(action, add_special_tokens=False)
     _, _, _, _, info = env.step(action)
-    assert info["memory"] == "one two  three four five"
-    assert (info["memory_size"], info["memory_truncated"], info["memory_cut"], info["budget_unit"]) == (5, True, 2, "words")
+    assert info["memory"] == action[: enc.offsets[4][1]]
+    assert (info["memory_size"], info["memory_truncated"], info["memory_cut"], info["budget_unit"]) == \
+        (5, True, len(enc.ids) - 5, "tokens")
     _, _, _, _, info = env.step("short memory")
     assert (info["memory"], info["memory_truncated"], info["memory_cut"]) == ("short memory", False, 0)
 
@@ -191,7 +195,7 @@ def test_bad_input_gets_clear_errors():
 
 
 def test_unicode_actions_and_space():
-    env = gym.make("memgym/LongQA-v0")
+    env = gym.make("memgym/LongQA-v0", memory_budget=64)
     env.reset(seed=0)
     memory = "Zoë → 東京 🙂 naïve"
     assert env.action_space.contains(memory) and not env.action_space.contains(b"bytes")
@@ -266,8 +270,8 @@ def test_an_action_outside_the_space_is_refused_before_the_episode_moves():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"chunk_size": 10**9}, r"chunk_size=1000000000 words cannot fit .* use chunk_size <= 524288"),
-    ({"chunk_size": 600, "max_text_length": 1000}, r"use chunk_size <= 500, or raise max_text_length"),
+    ({"chunk_size": 10**9}, r"chunk_size=1000000000 tokens cannot fit .* use chunk_size <= 1048576"),
+    ({"chunk_size": 1200, "max_text_length": 1000}, r"use chunk_size <= 1000, or raise max_text_length"),
     ({"memory_budget": 0}, r"memory_budget must be an int >= 1, got 0"),
     ({"split": "dev"}, r"no split 'dev'; its splits are \['train', 'test'\]"),
 ])

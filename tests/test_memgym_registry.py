@@ -61,7 +61,7 @@ def test_resolve_id_short_forms():
 
 def test_a_new_data_task_on_MEMGYM_TASKS_is_found_and_playable(tmp_path):
     name = unique("MyQA")
-    write_data_task(tmp_path, name, "[env]\nchunk_size = 12\nmemory_budget = 40\n")
+    write_data_task(tmp_path, name, "[env]\nchunk_size = 24\nmemory_budget = 40\n")
     code = textwrap.dedent(f"""
         import gymnasium as gym, memgym
         assert "memgym/{name}-v0" in memgym.list_envs()
@@ -75,7 +75,7 @@ def test_a_new_data_task_on_MEMGYM_TASKS_is_found_and_playable(tmp_path):
     env = {**os.environ, "MEMGYM_TASKS": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1.0", "True", "2"]  # documents of 11 and 7 words, chunks of 12
+    assert out.stdout.split() == ["1.0", "True", "2"]  # documents of 23 and 12 tokens, chunks of 24
 
 
 def test_register_tasks_in_process_with_split_files(tmp_path):

@@ -453,6 +453,6 @@ def make_source(split: str = "train", seed: int = 0, path: str | Path | Mapping[
     base = HotpotSource(rows)
     if target is None:
         return base
-    if counter is None:
-        counter = make_counter(tokenizer)
+    if counter is None:  # called on its own: words unless a tokenizer is named (an env passes its counter)
+        counter = make_counter(tokenizer) if tokenizer is not None else WordCounter()
     return LongHotpotSource(base, seed, split, target, counter, keep_own_distractors)

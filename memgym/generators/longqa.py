@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from memgym.chunking import Counter, WordCounter, iter_chunks, render_document
+from memgym.chunking import Counter, WordCounter, first_label, iter_chunks, render_document
 from memgym.generators.planning import PlacedFact, PlannedDocuments
 from memgym.data import Document, Sample
 
@@ -150,8 +150,9 @@ class _Fact(PlacedFact):
 class LongQADocuments(PlannedDocuments):
     """The lazily generated documents of one sample; iterating regenerates them identically."""
 
-    def __init__(self, config: LongQAConfig, key: str, chain: list[str], facts: list[_Fact]):
-        super().__init__(self._document, facts, config.chunk_size, config.num_chunks, config.counter, "LongQA")
+    def __init__(self, config: LongQAConfig, key: str, chain: list[str], facts: list[_Fact], first: int | None = 1):
+        super().__init__(self._document, facts, config.chunk_size, config.num_chunks, config.counter, "LongQA",
+                         first)
         self.config = config
         self.key = key
         # Distractor facts never have a chain entity as subject, so the answer is unique.
@@ -202,10 +203,10 @@ def question_text(hops: int, person: str, style: str) -> str:
 class LongQASource:
     """A deterministic, O(1)-indexable stream of LongQA samples (a ``SampleSource``)."""
 
-    def __init__(self, split: str, seed: int, config: LongQAConfig):
+    def __init__(self, split: str, seed: int, config: LongQAConfig, numbering: str = "sequential"):
         if not isinstance(split, str) or not split:
             raise ValueError(f"LongQA: split must be a non-empty string, got {split!r}")
-        self.split, self.seed, self.config = split, seed, config
+        self.split, self.seed, self.config, self.numbering = split, seed, config, numbering
         self._len = config.num_samples or (1_000_000 if split == "train" else 1_000)
         self._prefix = f"longqa-{split}-{seed}-"
         # Target slots of facts spread over the documents a chunk typically holds.
@@ -245,11 +246,12 @@ class LongQASource:
         if cfg.fact_order == "causal":  # within a chunk, a later hop never sits in an earlier slot
             facts = _causal_slots(facts)
         answer = chain[-1] if cfg.fact_style == "compact" else chain[-1].capitalize()
+        sample_id = f"{self._prefix}{index}"
         return Sample(
-            id=f"{self._prefix}{index}",
+            id=sample_id,
             question=question_text(cfg.hops, chain[0], cfg.fact_style),
             answers=[answer],
-            documents=LongQADocuments(cfg, key, chain, facts),
+            documents=LongQADocuments(cfg, key, chain, facts, first_label(self.numbering, sample_id)),
             supporting_facts=[{"hop": f.hop, "chunk": f.chunk, "text": f.text} for f in facts],
             metadata={"task": "LongQA", "hops": cfg.hops, "chain": chain, "fact_order": cfg.fact_order,
                       "fact_style": cfg.fact_style, "distractor_similarity": cfg.distractor_similarity,
@@ -268,12 +270,13 @@ def _causal_slots(facts: list[_Fact]) -> list[_Fact]:
 
 
 def make_source(split: str = "train", seed: int = 0, *, chunk_size: int = 64, num_chunks: int = 5,
-                context_length: int | None = None, counter: Counter | None = None,
+                context_length: int | None = None, counter: Counter | None = None, numbering: str = "sequential",
                 **options: Any) -> LongQASource:
     """The LongQA sample source for ``split``.
 
-    ``chunk_size``, ``num_chunks``, ``context_length`` and ``counter`` size the input (the
-    environment passes its own); ``options`` are the other :class:`LongQAConfig` fields.
+    ``chunk_size``, ``num_chunks``, ``context_length``, ``counter`` and ``numbering`` (the document
+    labels the env renders, :func:`memgym.chunking.first_label`) size the input (the environment
+    passes its own); ``options`` are the other :class:`LongQAConfig` fields.
     """
     known = set(LongQAConfig.__dataclass_fields__)
     unknown = sorted(set(options) - known)
@@ -281,7 +284,7 @@ def make_source(split: str = "train", seed: int = 0, *, chunk_size: int = 64, nu
         raise TypeError(f"LongQA: unknown option(s) {unknown}; known: {sorted(known)}")
     config = LongQAConfig(chunk_size=chunk_size, num_chunks=num_chunks, context_length=context_length,
                           counter=counter or WordCounter(), **options)
-    return LongQASource(split, seed, config)
+    return LongQASource(split, seed, config, numbering)
 
 
 def tokenizer_corpus(n_samples: int = 2000, seed: int = 0) -> Iterator[str]:

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from memgym.chunking import Counter, WordCounter
+from memgym.chunking import Counter, WordCounter, first_label
 from memgym.data import Document, Sample
 from memgym.generators.longqa import FILLER_ADJ, FILLER_ADV, FILLER_NOUN, FILLER_VERB
 from memgym.generators.planning import PlacedFact, PlannedDocuments
@@ -71,8 +71,9 @@ class NeedleConfig:
 class NeedleSource:
     """A deterministic, O(1)-indexable stream of NeedleQA samples (a ``SampleSource``)."""
 
-    def __init__(self, split: str, seed: int, config: NeedleConfig, counter: Counter):
+    def __init__(self, split: str, seed: int, config: NeedleConfig, counter: Counter, numbering: str = "sequential"):
         self.split, self.seed, self.config, self.counter = split, seed, config, counter
+        self.numbering = numbering
         self._len = config.num_samples or (1_000_000 if split == "train" else 1_000)
         self._prefix = f"needle-{split}-{seed}-"
 
@@ -103,7 +104,7 @@ class NeedleSource:
         facts = [PlacedFact(chunk=c, slot=rng.randrange(3), order=rng.random(), text=NEEDLE.format(key=k, value=v))
                  for c, k, v in zip(chunks, keys, values)]
         docs = PlannedDocuments(_Haystack(cfg.haystack, key).document, facts, cfg.chunk_size, cfg.num_chunks,
-                                self.counter, "NeedleQA")
+                                self.counter, "NeedleQA", first_label(self.numbering, f"{self._prefix}{index}"))
         return Sample(
             id=f"{self._prefix}{index}",
             question=QUESTION.format(key=keys[0]),
@@ -134,11 +135,12 @@ class _Haystack:
 
 
 def make_source(split: str = "train", seed: int = 0, *, chunk_size: int = 128, num_chunks: int = 8,
-                context_length: int | None = None, counter: Counter | None = None, **options: Any) -> NeedleSource:
+                context_length: int | None = None, counter: Counter | None = None, numbering: str = "sequential",
+                **options: Any) -> NeedleSource:
     """The NeedleQA sample source for ``split``; ``options`` are :class:`NeedleConfig` fields."""
     known = set(NeedleConfig.__dataclass_fields__) - {"chunk_size", "num_chunks", "context_length"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"NeedleQA: unknown option(s) {unknown}; known: {sorted(known)}")
     config = NeedleConfig(chunk_size=chunk_size, num_chunks=num_chunks, context_length=context_length, **options)
-    return NeedleSource(split, seed, config, counter or WordCounter())
+    return NeedleSource(split, seed, config, counter or WordCounter(), numbering)

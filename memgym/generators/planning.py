@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from memgym.chunking import Counter, Packer, render_document
+from memgym.chunking import Counter, Packer, label, render_document
 from memgym.data import Document
 
 
@@ -39,17 +39,19 @@ class PlannedDocuments:
     """
 
     def __init__(self, make_document: MakeDocument, facts: Sequence[PlacedFact], chunk_size: int,
-                 num_chunks: int, counter: Counter, name: str = "generator"):
+                 num_chunks: int, counter: Counter, name: str = "generator", first: int | None = 1):
         self.make_document = make_document
         self.facts = list(facts)
         self.chunk_size = chunk_size
         self.num_chunks = num_chunks
         self.counter = counter
         self.name = name
+        self.first = first  # the first document's label (memgym.chunking.first_label): labels take room
 
-    def num_chunks_for(self, chunk_size: int, counter: Counter) -> int | None:
+    def num_chunks_for(self, chunk_size: int, counter: Counter, first: int | None = 1) -> int | None:
         """The chunk count under these chunking settings when the plan used them, else None."""
-        return self.num_chunks if chunk_size == self.chunk_size and counter is self.counter else None
+        same = chunk_size == self.chunk_size and counter is self.counter and first == self.first
+        return self.num_chunks if same else None
 
     def __iter__(self) -> Iterator[Document]:
         packer = Packer(self.chunk_size, self.counter)
@@ -72,7 +74,7 @@ class PlannedDocuments:
         has_fact: list[bool] = []
 
         def measure(doc: Document) -> int:
-            return self.counter.count(render_document(state["start"] + len(buf), doc))
+            return self.counter.count(render_document(label(self.first, state["start"] + len(buf)), doc))
 
         def push(doc: Document, u: int, fact: bool) -> None:
             if u > self.chunk_size:  # the chunker would split it, and the plan would no longer hold
@@ -108,7 +110,7 @@ class PlannedDocuments:
                     # Make room by dropping the latest plain documents. A chunk's first document
                     # (the one that did not fit the previous chunk) stays, unless the fact document
                     # does not fit the previous chunk either: then it opens this chunk instead.
-                    opening = self.counter.count(render_document(state["start"], doc))
+                    opening = self.counter.count(render_document(label(self.first, state["start"]), doc))
                     if carry is not None and len(buf) == 1 and not previous.fits(opening):
                         carry = None
                     elif len(buf) <= (1 if c > 0 else 0) or has_fact[-1]:

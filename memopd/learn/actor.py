@@ -83,10 +83,16 @@ class Actor:
         import memgym  # noqa: F401  (registers the envs)
 
         try:
-            return [gym.make(self.cfg.env, split=split, **{**self.cfg.env_kwargs, "tokenizer": tokenizer})
+            envs = [gym.make(self.cfg.env, split=split, **{**self.cfg.env_kwargs, "tokenizer": tokenizer})
                     for _ in range(min(self.cfg.rollout_envs, n))]
         except (TypeError, ValueError, KeyError) as exc:  # env options are user input
             raise ConfigError(f"--env-kwarg: {self.cfg.env} refused {self.cfg.env_kwargs}: {exc}") from None
+        spec = getattr(self.cfg, "memory_perturbation", None)
+        if spec and split == "train":  # the perturbed-memory control: training states imitation never shows
+            from memgym.perturb import MemoryPerturbation
+
+            envs = [MemoryPerturbation(env, spec) for env in envs]
+        return envs
 
     def agent(self, greedy: bool = False, seed: int | None = None) -> Any:
         """The ``--agent`` by the constructor convention: this actor's backend, the run's sampling,

@@ -38,7 +38,7 @@ def check_env_settings(cfg: CoreConfig, tokenizer: Any, episodes: int = 4) -> No
     """Play a few episodes of each split of ``--env`` as the run will, before any model work.
 
     The run counts ``chunk_size`` and ``memory_budget`` in the student's tokens, where a task's
-    defaults may be written for words or for another tokenizer; and the auto teacher and the warm
+    defaults may be written for another tokenizer; and the auto teacher and the warm
     start learn from oracle trajectories, whose memory keeps whole supporting facts. A setting that
     cannot work here is a :class:`ConfigError` naming the ``--env-kwarg`` value to pass."""
     import gymnasium as gym
@@ -56,7 +56,7 @@ def check_env_settings(cfg: CoreConfig, tokenizer: Any, episodes: int = 4) -> No
             agent = OracleAgent.for_env(env, tokenizer=tokenizer) if oracle else None
             for seed in range(episodes):
                 if agent is not None:
-                    _check_facts_fit(env.unwrapped, run_episode(env, agent, seed=seed).sample_id, cfg)
+                    _check_facts_fit(env.unwrapped, run_episode(env, agent, seed=seed), cfg)
                 else:
                     _play_empty(env, seed)
             env.close()
@@ -82,11 +82,20 @@ def _play_empty(env: Any, seed: int) -> None:
         _, _, _, _, info = env.step("")
 
 
-def _check_facts_fit(env: Any, sample_id: str, cfg: CoreConfig) -> None:
-    """The oracle keeps whole supporting facts: one longer than the memory budget leaves it nothing."""
+def _check_facts_fit(env: Any, episode: Any, cfg: CoreConfig) -> None:
+    """The oracle keeps whole supporting facts: one longer than the memory budget leaves it nothing.
+    A task with its own oracle script (memgym.oracle) keeps other items: refused only when the
+    oracle's memory stayed empty and it could not answer."""
     from agents.oracle import supporting_texts
 
-    sample = env.source[env.source.index_of(sample_id)]
+    sample = env.source[env.source.index_of(episode.sample_id)]
+    if getattr(sample, "oracle", None) is not None:
+        if episode.dropped_facts and not any(i.response_text for i in episode.invocations if i.role == "memory"):
+            raise OracleDataError(
+                f"--env {cfg.env}: memory_budget={env.memory_budget} {env.counter.unit} holds nothing the oracle keeps "
+                f"(it needs {episode.dropped_facts[0]!r}, in the student's tokenizer), so the oracle trajectories that "
+                "build the auto teacher and warm up the student keep no memory; pass a larger --env-kwarg memory_budget")
+        return
     sizes = [env.counter.count(fact) for fact in supporting_texts(sample)]
     if max(sizes) > env.memory_budget:
         unit = env.counter.unit

@@ -29,6 +29,14 @@ TEACHER_CHECKPOINT_EVERY = 25
 the cache key: it does not change the teacher)."""
 
 
+def teacher_recipe(cfg: CoreConfig) -> dict[str, Any]:
+    """The auto teacher's SFT settings: :data:`TEACHER_SFT`, with the teacher preset that shares the
+    student's tokenizer (``tiny-teacher-digits`` for ``tiny-digits``; else ``tiny-teacher``)."""
+    from agents.presets import TEACHER_OF
+
+    return {**TEACHER_SFT, "model": TEACHER_OF.get(cfg.model, TEACHER_SFT["model"])}
+
+
 def default_teacher_dir(cfg: CoreConfig) -> Path:
     """Cache location of the auto teacher, keyed by everything that shapes it."""
     from agents.models import cache_dir
@@ -39,7 +47,7 @@ def default_teacher_dir(cfg: CoreConfig) -> Path:
     # the task folder's files too: an edited custom task must not reuse a teacher of its old version
     task = get_task(cfg.env).fingerprint()
     key = json.dumps({"env": cfg.env, "env_kwargs": cfg.env_kwargs, "task": task, "preset_format": PRESET_FORMAT,
-                      **TEACHER_SFT}, sort_keys=True)
+                      **teacher_recipe(cfg)}, sort_keys=True)
     return cache_dir() / "teachers" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -53,11 +61,12 @@ def ensure_teacher(cfg: CoreConfig, log=print) -> str:
         return str(out)
     from memopd.sft import SFTConfig, run as run_sft
 
-    log(f"teacher: none cached for {cfg.env}; building it now: SFT of {TEACHER_SFT['model']} on "
-        f"{TEACHER_SFT['num_episodes']} oracle trajectories, {TEACHER_SFT['steps']} steps (cached at {out}; "
+    recipe = teacher_recipe(cfg)
+    log(f"teacher: none cached for {cfg.env}; building it now: SFT of {recipe['model']} on "
+        f"{recipe['num_episodes']} oracle trajectories, {recipe['steps']} steps (cached at {out}; "
         "a killed build resumes where it stopped)")
     sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=cfg.seed + 1,
-                        threads=cfg.threads, checkpoint_every=TEACHER_CHECKPOINT_EVERY, **TEACHER_SFT)
+                        threads=cfg.threads, checkpoint_every=TEACHER_CHECKPOINT_EVERY, **recipe)
     run_sft(sft_cfg, progress=cfg.progress)
     return str(out)
 
@@ -135,4 +144,4 @@ class Critic(torch.nn.Module):
 
 
 __all__ = ["MODEL_LR", "TEACHER_SFT", "TINY_LR", "Critic", "default_teacher_dir", "ensure_teacher", "pad_id",
-           "resolve_defaults", "warm_start_student"]
+           "resolve_defaults", "teacher_recipe", "warm_start_student"]

@@ -85,10 +85,21 @@ class RolloutOptions:
                               choices=("recorded", "recompute"))
     tis_cap: float = field(2.0, help="with --old-logprobs recompute: cap of the importance weight pi_trainer / "
                                      "pi_rollout per token (0 = no correction)", range=(0.0, None))
+    memory_perturbation: str | None = field(None, help="the perturbed-memory control on training rollouts "
+                                                       "(memgym.perturb; held-out evaluation is left as is): "
+                                                       "KIND (drop, stale, distractor) once per episode, KIND@N "
+                                                       "after chunk N, KIND@pP after each chunk with probability P")
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
         self._check_agent()
+        if self.memory_perturbation is not None:
+            from memgym.perturb import parse_spec
+
+            try:
+                parse_spec(self.memory_perturbation)
+            except ValueError as exc:
+                raise ConfigError(f"--memory-perturbation: {exc}") from None
         if self.backend == "openai":
             raise ConfigError("--backend openai cannot train: a served model has no weight-sync path from the "
                               "trainer; use --backend vllm (an engine in this process) or hf, and openai for eval")

@@ -304,6 +304,9 @@
       el("div", { class: "label", text: "gold" }), el("div", { class: "gold", text: d.answers.join(" | ") || "–" }),
       el("div", { class: "label", text: "prediction" }), el("div", { class: "prediction", text: d.prediction || "–" }),
       el("div", { class: "label", text: "recorded scores" }), el("div", { class: "mono", text: metrics || "–" }),
+      d.perturbations && d.perturbations.length ? el("div", { class: "label", text: "memory perturbed" }) : null,
+      d.perturbations && d.perturbations.length
+        ? el("div", { class: "mono perturbed", text: d.perturbations.join("\n") }) : null,
       table && el("div", { class: "label", text: "scorer breakdown (SQuAD normalisation, per gold answer)" }), table);
   }
 

@@ -1,0 +1,65 @@
+"""Oracle scripts: how a scripted oracle solves one sample from its own memory.
+
+A task that knows how its questions are solved gives each :class:`~memgym.data.Sample` an
+``oracle`` script; a sample without one is solved by :class:`FactsScript`, from its
+``supporting_facts``. The oracle agent (``agents.oracle.OracleAgent``) drives the script: after
+each chunk it asks :meth:`OracleScript.update` for the next memory (as items, most needed first),
+keeps the longest run of whole items the memory budget holds, and at the end answers with
+:meth:`OracleScript.answer` of the memory the env holds. A script reads only the memory text and
+the chunk, never the gold answer at answer time: an oracle whose budget cannot hold what the
+answer needs does not answer right, and :meth:`OracleScript.missing` says what it lacked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol, Sequence, runtime_checkable
+
+
+@runtime_checkable
+class OracleScript(Protocol):
+    """Solves one sample from the memory alone (see the module doc)."""
+
+    def update(self, memory: str, chunk: str) -> list[str]:
+        """The items of the next memory, most needed first, from the memory the env holds and the
+        new chunk; the oracle joins the longest run of them that fits the budget with spaces."""
+        ...
+
+    def answer(self, memory: str) -> str:
+        """The answer, read from the memory text alone (``""`` when it cannot answer)."""
+        ...
+
+    def missing(self, memory: str) -> list[str]:
+        """What the final memory lacks for the right answer (empty when it holds all of it)."""
+        ...
+
+
+def contains(text: str, item: str) -> bool:
+    """``item`` occurs in ``text`` as whole words (``"al ice ."`` must not match ``"mal ice ."``)."""
+    return re.search(r"(?<!\w)" + re.escape(item) + r"(?!\w)", text) is not None
+
+
+class FactsScript:
+    """The default script: keep the supporting-fact sentences verbatim, in reading order; answer
+    the gold answer when the memory holds every one of them, else nothing.
+
+    That the facts imply the answer is the task's claim (its ``supporting_facts``); the script only
+    checks that the memory holds them all when it answers.
+    """
+
+    def __init__(self, facts: Sequence[str], answer: str):
+        self.facts = list(facts)
+        self.gold = answer
+
+    def update(self, memory: str, chunk: str) -> list[str]:
+        held = sorted((f for f in self.facts if contains(memory, f)), key=memory.find)
+        return held + [f for f in self.facts if f not in held and contains(chunk, f)]
+
+    def answer(self, memory: str) -> str:
+        return self.gold if not self.missing(memory) else ""
+
+    def missing(self, memory: str) -> list[str]:
+        return [f for f in self.facts if not contains(memory, f)]
+
+
+__all__ = ["FactsScript", "OracleScript", "contains"]
