@@ -52,7 +52,9 @@ def test_the_wheel_ships_the_builtin_tasks(tmp_path):
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
     run([*pip, "--python", str(python), "install", "-q", "--no-deps", str(wheel)])
-    run([*pip, "--python", str(python), "install", "-q", "gymnasium", "numpy"])  # what memgym needs
+    # what memgym needs: the env counts its budget in tokens of its default tokenizer, read with
+    # tokenizers (Rust, no torch)
+    run([*pip, "--python", str(python), "install", "-q", "gymnasium", "numpy", "tokenizers"])
     elsewhere = tmp_path / "elsewhere"  # no ./tasks here, and not the repository
     elsewhere.mkdir()
     out = run([str(python), "-c", CHECK], cwd=elsewhere, env={"PATH": "/usr/bin:/bin"})
