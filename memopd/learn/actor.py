@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from agents.records import Episode
 from memopd import distributed
 from memopd.config import ConfigError
 
-if TYPE_CHECKING:  # the run's options, for the annotations
-    from memopd.learn.options import CoreConfig
+# CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
+# even for type checkers, because options imports this module (an import cycle otherwise).
 
 SEED_STRIDE = 1_000_003
 """Env seed of a step's first question: ``seed * SEED_STRIDE + step * questions_per_step``."""

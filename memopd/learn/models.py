@@ -8,14 +8,14 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from memopd.packing import PackedBatch
 
-if TYPE_CHECKING:  # the run's options, for the annotations
-    from memopd.learn.options import CoreConfig
+# CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
+# even for type checkers, because options imports this module (an import cycle otherwise).
 
 TINY_LR = 2e-3
 """Default learning rate of a tiny-preset student: it must learn to copy within the default run."""

@@ -35,8 +35,9 @@ from memopd.config import ConfigError
 from memopd.learn.needs import Need
 from memopd.learn.registry import Registry, SpecError, options_of
 
+# CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
+# even for type checkers, because options imports this module (an import cycle otherwise).
 if TYPE_CHECKING:
-    from memopd.learn.options import CoreConfig
     import torch
 
     from agents.records import Episode

@@ -13,7 +13,7 @@ other's ``--opd-estimator-kwarg KEY=VALUE`` (the fields of its ``Options``); doc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memopd.learn.estimators.base import (Estimator, NoDistillation, TeacherScores, TopK, teacher_targets,
                                           teacher_token_logprobs, teacher_topk)
@@ -25,8 +25,8 @@ from memopd.learn.estimators.topk import (PROJECT_FLOOR, TAIL_FLOOR, TopKEstimat
 from memopd.learn.needs import Need
 from memopd.learn.registry import Registry, options_of
 
-if TYPE_CHECKING:  # the run's options, for the annotations
-    from memopd.learn.options import CoreConfig
+# CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
+# even for type checkers, because options imports this module (an import cycle otherwise).
 
 BUILTIN = {"full": "memopd.learn.estimators.full:FullEstimator",
            "topk": "memopd.learn.estimators.topk:TopKEstimator",

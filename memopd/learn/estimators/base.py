@@ -21,7 +21,7 @@ one came back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +30,8 @@ from memopd import losses
 from memopd.packing import PackedBatch
 from memopd.scoring import ActionStates, map_chunks
 
-if TYPE_CHECKING:  # the run's options, for the annotations
-    from memopd.learn.options import CoreConfig
+# CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
+# even for type checkers, because options imports this module (an import cycle otherwise).
 
 
 @dataclass

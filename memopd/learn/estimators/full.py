@@ -9,8 +9,6 @@ computed once and kept when it fits ``--teacher-cache-mb``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from memopd import losses
@@ -18,8 +16,8 @@ from memopd.learn.estimators.base import Estimator, TeacherScores, Terms
 from memopd.packing import PackedBatch
 from memopd.scoring import ActionStates
 
-if TYPE_CHECKING:  # the run's options, for the annotations
-    from memopd.learn.options import CoreConfig
+# CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
+# even for type checkers, because options imports this module (an import cycle otherwise).
 
 
 class FullEstimator(Estimator):

@@ -14,7 +14,7 @@ builds it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from memopd import distributed
 from memopd.learn.estimators import estimator_needs
@@ -26,8 +26,8 @@ from memopd.learn.teachers.other_tokenizer import CrossTokenizerTeacher
 from memopd.learn.teachers.served import RemoteTeacher, RemoteTeacherError, ServedTeacherOptions, is_url
 from memopd.retokenize import same_tokenizer
 
-if TYPE_CHECKING:  # the run's options, for the annotations
-    from memopd.learn.options import CoreConfig
+# CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
+# even for type checkers, because options imports this module (an import cycle otherwise).
 
 
 def context_needs(cfg: CoreConfig) -> list[Need]:
