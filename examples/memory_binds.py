@@ -40,7 +40,7 @@ TASKS = ("MultiValue", "VariableTracking", "KnowledgeUpdate", "Counting")
 CONTROL = "LongQA"
 LADDER = (16, 8, 6, 4, 3, 2, 1)
 BUDGETS = {  # task -> (large, small) for the students: the small one holds less than the oracle keeps
-    "MultiValue": (16, 6),  # 3 facts of 3 tokens: 6 holds two
+    "MultiValue": (16, 3),  # 2 facts of 3 tokens: 3 holds one
     "VariableTracking": (16, 1),  # a chain of 2 names: 1 holds one
     "KnowledgeUpdate": (16, 3),  # one fact of 3 tokens (the latest): 3 hold it, not a log of updates
     "Counting": (16, 4),  # `mila seville 3` is 4 tokens: 4 hold the count, not the facts counted

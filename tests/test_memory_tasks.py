@@ -41,7 +41,7 @@ HAND = {
                             answer="osaka", chunks=[0, 1, 2],
                             facts=["petra austin .", "petra perth .", "petra osaka ."],
                             memories=["petra austin .", "petra perth .", "petra osaka .", "petra osaka ."]),
-    "MultiValue": dict(kw={}, question="which cities does igor visit ? ( memory : 16 tokens )",
+    "MultiValue": dict(kw={"values": 3}, question="which cities does igor visit ? ( memory : 16 tokens )",
                        answer="chicago perth manila", chunks=[1, 2, 3],
                        facts=["igor chicago .", "igor perth .", "igor manila ."],
                        memories=["", "igor chicago .", "igor chicago . igor perth .",
@@ -145,7 +145,7 @@ def test_a_small_budget_binds_the_oracle_on_multivalue():
     from agents.oracle import OracleAgent
     from agents.rollout import run_episode
 
-    env = gym.make("memgym/MultiValue-v0", split="test", memory_budget=7)
+    env = gym.make("memgym/MultiValue-v0", split="test", memory_budget=7, values=3)
     with pytest.warns(UserWarning, match="cannot hold"):
         episode = run_episode(env, OracleAgent.for_env(env), seed=0)
     assert len(episode.prediction.split()) == 2 and episode.reward == pytest.approx(0.8)
