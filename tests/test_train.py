@@ -497,7 +497,8 @@ def test_a_tasks_train_table_fills_the_options_not_given(tmp_path):
         assert (given.student_warmup_steps, given.steps) == (7, 5)
         plain = train.prepare(train.TrainConfig(env="memgym/LongQA-v0", run_dir=str(tmp_path / "r")))
         assert (plain.student_warmup_steps, plain.steps) == (100, 80)
-        (folder / "task.toml").write_text('name = "TrainRec"\nsource = "memgym.generators.knowledge_update:make_source"\n'
+        (folder / "task.toml").write_text('name = "TrainRec"\n'
+                                          'source = "memgym.generators.knowledge_update:make_source"\n'
                                           '[train]\nwarm_steps = 7\n')
         registry.TASKS.pop("memgym/TrainRec-v0")
         registry.register_tasks([tmp_path])
