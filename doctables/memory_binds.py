@@ -50,3 +50,20 @@ def students(d: Data) -> str:
                          f(r["after_f1"]), pm(r["eval_f1"], r["eval_se"]), f(r["memory_tokens"], 1), gap])
     return md(["task", "memory budget", "oracle", "teacher", "student before", "student after", "student, eval ± se",
                "memory write (tokens)", "large − small ± se"], rows)
+
+
+SEARCH = "memory_binds/search.json"
+
+
+@table("memory_binds.search")
+def search(d: Data) -> str:
+    """The sizes and warm starts tried before the defaults: the teacher recipe's F1 at each task size,
+    and the default student's at each warm start (rows of examples/memory_binds.py, kept as measured)."""
+    res = d(SEARCH)
+    rows = [[r["task"], r["size"], "teacher", f"{pm(r['teacher_f1'], r['se'])} ({r['episodes']})",
+             f"SFT loss {f(r['loss_first'], 2)} → {f(r['loss_mid'], 2)} → {f(r['loss_last'], 2)}"]
+            for r in res["teacher"]]
+    rows += [[r["task"], r["size"], f"student, {r['warmup']}-step warm start",
+              f"{pm(r['eval_f1'], r['eval_se'])} (64)", f"held-out {f(r['before_f1'])} → {f(r['after_f1'])}"]
+             for r in res["students"]]
+    return md(["task", "size (memory budget 16)", "model", "F1 ± se (episodes)", "how it got there"], rows)

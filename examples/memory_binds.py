@@ -4,8 +4,9 @@
     python examples/memory_binds.py --parts ladder,teacher        # what docs/RESULTS.md reports
     python examples/memory_binds.py --smoke --out DIR             # the pipeline in a few minutes (tests/test_length_memory_studies.py)
 
-KnowledgeUpdate, MultiValue, VariableTracking and Counting at their defaults (4 chunks of 64
-tokens), in the digit presets' tokens, and LongQA's default for contrast. The parts (`--parts`):
+KnowledgeUpdate, MultiValue, VariableTracking and Counting at their defaults (their task.toml: 4 chunks
+of 64 tokens; MultiValue's and VariableTracking's of 32), in the digit presets' tokens, and LongQA's
+default for contrast. The parts (`--parts`):
 
   ladder    the oracle's F1 at each budget of ``LADDER`` (no model): what the budget lets an agent
             that keeps exactly what is needed score. On LongQA one fact of 3 tokens is all it needs.
@@ -15,8 +16,8 @@ tokens), in the digit presets' tokens, and LongQA's default for contrast. The pa
             held-out F1 (greedy): does the embedded recipe learn the task?
   students  the embedded default run on the digit presets at a large and a small budget (``BUDGETS``),
             ``python -m memopd.train --env memgym/<Task>-v0 --model tiny-digits --env-kwarg memory_budget=B``
-            (the auto teacher at that budget, the warm start, 80 steps of PPO + MemOPD), with the
-            student's held-out F1 before and after and again by memopd.eval (F1 ± its standard error,
+            (the auto teacher at that budget, the warm start its task.toml recommends, 80 steps of PPO +
+            MemOPD), with the student's held-out F1 before and after and again by memopd.eval (F1 ± its standard error,
             mean memory write). The question states the budget, so each budget is its own run.
 
 Everything lands in --out (default runs/memory-binds): oracle/, teacher-eval/, <task>-<budget>/ (the
@@ -40,7 +41,7 @@ TASKS = ("MultiValue", "VariableTracking", "KnowledgeUpdate", "Counting")
 CONTROL = "LongQA"
 LADDER = (16, 8, 6, 4, 3, 2, 1)
 BUDGETS = {  # task -> (large, small) for the students: the small one holds less than the oracle keeps
-    "MultiValue": (16, 6),  # 3 facts of 3 tokens: 6 holds two
+    "MultiValue": (16, 3),  # 2 facts of 3 tokens: 3 holds one
     "VariableTracking": (16, 1),  # a chain of 2 names: 1 holds one
     "KnowledgeUpdate": (16, 3),  # one fact of 3 tokens (the latest): 3 hold it, not a log of updates
     "Counting": (16, 4),  # `mila seville 3` is 4 tokens: 4 hold the count, not the facts counted

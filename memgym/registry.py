@@ -14,6 +14,8 @@ A task is a folder holding a ``task.toml``::
     [source_kwargs]            # default kwargs for make_source (generated tasks)
     hops = 1
     # splits = ["train", "test"]   # splits a generated task accepts (this is the default)
+    [train]                    # recommended memopd.train settings for this task (e.g.
+    student_warmup_steps = 300 # a longer warm start); a flag given on the command line wins
 
 (TOML cannot hold both ``source = "..."`` and a ``[source]`` table, hence ``[source_kwargs]``.)
 
@@ -135,6 +137,7 @@ class TaskSpec:
     env: dict[str, Any] = field(default_factory=dict)
     source_kwargs: dict[str, Any] = field(default_factory=dict)
     splits: tuple[str, ...] = DEFAULT_SPLITS  # the splits a generated task accepts
+    train: dict[str, Any] = field(default_factory=dict)  # recommended training settings (memopd.train reads them)
 
     @property
     def id(self) -> str:
@@ -221,8 +224,12 @@ class TaskSpec:
         h = hashlib.sha256()
         for path in sorted(p for p in self.folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
             st = path.stat()
-            h.update(f"{path.relative_to(self.folder).as_posix()}\0{st.st_size}\0".encode())
-            h.update(path.read_bytes() if st.st_size <= 16 << 20 else str(st.st_mtime_ns).encode())
+            size, data = st.st_size, path.read_bytes() if st.st_size <= 16 << 20 else str(st.st_mtime_ns).encode()
+            if path == self.config_path and self.train:
+                data = _without_train(data)
+                size = len(data)
+            h.update(f"{path.relative_to(self.folder).as_posix()}\0{size}\0".encode())
+            h.update(data)
         return h.hexdigest()[:16]
 
     def accepts(self, name: str) -> bool:
@@ -233,6 +240,22 @@ class TaskSpec:
         file = self.data[split] if split in self.data else self.data["*"]  # check_split ran
         path = (self.folder / file).resolve()
         return _load_jsonl(str(path), path.stat().st_mtime_ns if path.exists() else 0)
+
+
+def _without_train(toml_bytes: bytes) -> bytes:
+    """A task.toml's text without its ``[train]`` table: the recommended training settings do not
+    change the task's samples, so a teacher built from the task is still valid when they change (a
+    task.toml without the table hashes as it always did)."""
+    kept, skipping = [], False
+    for line in toml_bytes.decode("utf-8").splitlines(keepends=True):
+        header = re.match(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$", line)
+        if header:
+            skipping = header.group(1).strip() == "train"
+            while skipping and kept and not kept[-1].strip():  # the blank lines that set the table apart
+                kept.pop()
+        if not skipping:
+            kept.append(line)
+    return "".join(kept).encode("utf-8")
 
 
 def _parameters(factory: Callable[..., Any]) -> Any:
@@ -336,7 +359,7 @@ def load_task(folder: str | Path) -> TaskSpec:
         raise TaskConfigError(f"{path}: not UTF-8 text; a task.toml is a UTF-8 TOML file") from None
     except OSError as exc:
         raise TaskConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    allowed = {"name", "version", "description", "source", "data", "env", "source_kwargs", "splits"}
+    allowed = {"name", "version", "description", "source", "data", "env", "source_kwargs", "splits", "train"}
     for key in raw:
         _expect(key in allowed, path, key, f"unknown key; allowed keys are {sorted(allowed)}")
     name = raw.get("name")
@@ -383,8 +406,13 @@ def load_task(folder: str | Path) -> TaskSpec:
         _expect(isinstance(value, types) and (bool not in types or isinstance(value, bool))
                 and not (isinstance(value, bool) and bool not in types), path, f"env.{key}",
                 f"must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+    train = raw.get("train", {})
+    _expect(isinstance(train, dict), path, "train", "must be a table [train] of memopd.train settings")
+    for key, value in train.items():
+        _expect(isinstance(value, (bool, int, float, str)), path, f"train.{key}",
+                f"must be a number, a string or a boolean (a memopd.train option's value), got {value!r}")
     return TaskSpec(name=name, version=version, folder=folder.resolve(), description=description, source=source,
-                    data=data_files, env=dict(env), source_kwargs=source_kwargs, splits=splits)
+                    data=data_files, env=dict(env), source_kwargs=source_kwargs, splits=splits, train=dict(train))
 
 
 def builtin_tasks_dir() -> Path:

@@ -79,7 +79,30 @@ def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
     if cfg.run_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         cfg = dataclasses.replace(cfg, run_dir=f"runs/train/{cfg.env.replace('/', '_')}-{stamp}")
-    return resolve_defaults(cfg)
+    return resolve_defaults(task_defaults(cfg, explicit))
+
+
+def task_defaults(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
+    """The task folder's recommended settings (its task.toml ``[train]`` table) for the options not
+    given: a task whose default student needs e.g. a longer warm start says so once, where the task
+    is defined, and every other task's run is unchanged."""
+    from memgym.errors import UnknownEnvError
+    from memgym.registry import TASKS, resolve_id
+
+    try:
+        spec = TASKS[resolve_id(cfg.env)]
+    except (KeyError, UnknownEnvError):
+        return cfg  # not a task folder's env (check_env has accepted it): nothing recommended
+    names = {f.name for f in dataclasses.fields(cfg)}
+    for key in spec.train:
+        if key not in names:
+            raise ConfigError(f"{spec.config_path}: key 'train.{key}': not a memopd.train option (see python -m "
+                              "memopd.train --help)")
+    recommended = {k: v for k, v in spec.train.items() if k not in explicit}
+    if not recommended:
+        return cfg
+    values = {**cfgmod.to_dict(cfg), **recommended}
+    return cfgmod.from_dict(TrainConfig, values, source=f"{spec.config_path} [train]")
 
 
 def _resume_after_restart(cfg: TrainConfig) -> TrainConfig:

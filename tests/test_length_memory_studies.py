@@ -46,11 +46,11 @@ def test_memory_binds_smoke(tmp_path):
     assert mb.main(["--smoke", "--out", str(tmp_path), "--tasks", "MultiValue"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     oracle = {(r["task"], r["budget"]): r["oracle_f1"] for r in results["ladder"]}
-    assert oracle[("MultiValue", 16)] == 1.0 and oracle[("MultiValue", 6)] == pytest.approx(0.8)  # 2 of 3 facts
+    assert oracle[("MultiValue", 16)] == 1.0 and oracle[("MultiValue", 3)] == pytest.approx(2 / 3)  # 1 of 2 facts
     assert oracle[("LongQA", 3)] == 1.0 and oracle[("LongQA", 2)] == 0.0  # one fact of 3 tokens
-    assert [(r["task"], r["budget"]) for r in results["teacher"]] == [("MultiValue", 16), ("MultiValue", 6)]
-    assert [(r["task"], r["budget"]) for r in results["students"]] == [("MultiValue", 16), ("MultiValue", 6)]
-    config = (tmp_path / "MultiValue-6" / "config.toml").read_text()
-    assert 'model = "tiny-digits"' in config and "memory_budget = 6" in config
+    assert [(r["task"], r["budget"]) for r in results["teacher"]] == [("MultiValue", 16), ("MultiValue", 3)]
+    assert [(r["task"], r["budget"]) for r in results["students"]] == [("MultiValue", 16), ("MultiValue", 3)]
+    config = (tmp_path / "MultiValue-3" / "config.toml").read_text()
+    assert 'model = "tiny-digits"' in config and "memory_budget = 3" in config
     for part, table in mb.TABLES.items():
         assert table(results[part]).count("\n") >= 2

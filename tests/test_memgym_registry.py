@@ -304,3 +304,34 @@ def test_the_fingerprint_follows_the_folders_files(tmp_path):
     assert load_task(folder).fingerprint() == first  # bytecode caches do not count
     (folder / "generator.py").write_text("def make_source(split, seed):\n    return [] \n")
     assert load_task(folder).fingerprint() != first
+
+
+def test_a_train_table_is_read_and_leaves_the_fingerprint_as_it_was(tmp_path):
+    """A task's recommended training settings do not change its samples: a teacher cached for the
+    task stays valid when they are added or changed (the fingerprint is that of the file without
+    them), while an edit anywhere else still changes it."""
+    folder = tmp_path / "Tr"
+    folder.mkdir()
+    base = 'name = "Tr"\nversion = 0\nsource = "generator.py:make_source"\n\n[source_kwargs]\nhops = 1\n'
+    (folder / "generator.py").write_text("def make_source(split, seed, hops=1):\n    return []\n")
+    (folder / "task.toml").write_text(base)
+    plain = load_task(folder)
+    assert plain.train == {}
+    first = plain.fingerprint()
+    (folder / "task.toml").write_text(base + "\n[train]\nstudent_warmup_steps = 300  # a longer warm start\n")
+    spec = load_task(folder)
+    assert spec.train == {"student_warmup_steps": 300}
+    assert spec.fingerprint() == first
+    (folder / "task.toml").write_text(base + "\n[train]\nstudent_warmup_steps = 500\n")
+    assert load_task(folder).fingerprint() == first
+    (folder / "task.toml").write_text(base.replace("hops = 1", "hops = 2") + "\n[train]\nstudent_warmup_steps = 300\n")
+    assert load_task(folder).fingerprint() != first
+
+
+def test_a_train_value_that_is_not_a_scalar_names_its_key(tmp_path):
+    folder = tmp_path / "Tr"
+    folder.mkdir()
+    (folder / "generator.py").write_text("def make_source(split, seed):\n    return []\n")
+    (folder / "task.toml").write_text('name = "Tr"\nsource = "generator.py:make_source"\n[train]\nsteps = [1, 2]\n')
+    with pytest.raises(memgym.TaskConfigError, match=r"key 'train.steps': must be a number"):
+        load_task(folder)

@@ -41,7 +41,7 @@ HAND = {
                             answer="osaka", chunks=[0, 1, 2],
                             facts=["petra austin .", "petra perth .", "petra osaka ."],
                             memories=["petra austin .", "petra perth .", "petra osaka .", "petra osaka ."]),
-    "MultiValue": dict(kw={}, question="which cities does igor visit ? ( memory : 16 tokens )",
+    "MultiValue": dict(kw={"values": 3}, question="which cities does igor visit ? ( memory : 16 tokens )",
                        answer="chicago perth manila", chunks=[1, 2, 3],
                        facts=["igor chicago .", "igor perth .", "igor manila ."],
                        memories=["", "igor chicago .", "igor chicago . igor perth .",
@@ -136,7 +136,8 @@ def oracle_f1(env_id: str, episodes: int, **kw) -> float:
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("num_chunks", [4, 24, 96])
 def test_the_oracle_scores_one_at_three_lengths(task, num_chunks):
-    assert oracle_f1(f"memgym/{task}-v0", 16, num_chunks=num_chunks, distractor_similarity=0.5,
+    # chunks of 64: a random document label beside a VariableTracking fact overflows its default 32
+    assert oracle_f1(f"memgym/{task}-v0", 16, num_chunks=num_chunks, chunk_size=64, distractor_similarity=0.5,
                      numbering="random") == 1.0
 
 
@@ -145,7 +146,7 @@ def test_a_small_budget_binds_the_oracle_on_multivalue():
     from agents.oracle import OracleAgent
     from agents.rollout import run_episode
 
-    env = gym.make("memgym/MultiValue-v0", split="test", memory_budget=7)
+    env = gym.make("memgym/MultiValue-v0", split="test", memory_budget=7, values=3)
     with pytest.warns(UserWarning, match="cannot hold"):
         episode = run_episode(env, OracleAgent.for_env(env), seed=0)
     assert len(episode.prediction.split()) == 2 and episode.reward == pytest.approx(0.8)

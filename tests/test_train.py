@@ -477,3 +477,32 @@ def test_kill_next_to_a_metrics_row_then_resume_matches_the_uninterrupted_run(tr
     monkeypatch.undo()
     train.Trainer(train.prepare(train.TrainConfig(resume=str(run))), log=lambda m: None).fit()
     _same_rows(_rows(trained[0]), _rows(run))
+
+
+def test_a_tasks_train_table_fills_the_options_not_given(tmp_path):
+    """A task folder's [train] table (its recommended settings) sets the options the command line
+    does not give; a flag given wins, and a task without the table keeps the global defaults."""
+    import memgym.registry as registry
+
+    folder = tmp_path / "TrainRec"
+    folder.mkdir()
+    (folder / "task.toml").write_text('name = "TrainRec"\nsource = "memgym.generators.knowledge_update:make_source"\n'
+                                      '[train]\nstudent_warmup_steps = 7\nsteps = 3\n')
+    registry.register_tasks([tmp_path])
+    try:
+        cfg = train.prepare(train.TrainConfig(env="memgym/TrainRec-v0", run_dir=str(tmp_path / "r")))
+        assert (cfg.student_warmup_steps, cfg.steps) == (7, 3)
+        given = train.prepare(train.TrainConfig(env="memgym/TrainRec-v0", run_dir=str(tmp_path / "r"), steps=5),
+                              explicit={"steps"})
+        assert (given.student_warmup_steps, given.steps) == (7, 5)
+        plain = train.prepare(train.TrainConfig(env="memgym/LongQA-v0", run_dir=str(tmp_path / "r")))
+        assert (plain.student_warmup_steps, plain.steps) == (100, 80)
+        (folder / "task.toml").write_text('name = "TrainRec"\n'
+                                          'source = "memgym.generators.knowledge_update:make_source"\n'
+                                          '[train]\nwarm_steps = 7\n')
+        registry.TASKS.pop("memgym/TrainRec-v0")
+        registry.register_tasks([tmp_path])
+        with pytest.raises(train.cfgmod.ConfigError, match=r"key 'train.warm_steps': not a memopd.train option"):
+            train.prepare(train.TrainConfig(env="memgym/TrainRec-v0", run_dir=str(tmp_path / "r")))
+    finally:
+        registry.TASKS.pop("memgym/TrainRec-v0", None)

@@ -5,7 +5,9 @@ asks for all of them, scored by token F1 (order-free: for distinct one-word valu
 The memory must hold every value at once: ``values`` facts of 3 tokens each bind a memory budget
 below ``3 * values`` tokens. The oracle keeps the facts verbatim in reading order, as many as the
 budget holds, and answers their cities. Distractor facts state other people's cities. Knobs:
-``values`` (default 3), the shared ones of :class:`memgym.generators.memory_tasks.MemoryTaskConfig`.
+``values`` (default 3 here, which the digit presets' tokenizer corpus reads; the task's own default,
+in its task.toml, is 2 facts in chunks of 32 tokens: the size the embedded teacher recipe learns),
+the shared ones of :class:`memgym.generators.memory_tasks.MemoryTaskConfig`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class AllValuesScript:
 
 class MultiValue:
     name = "MultiValue"
-    defaults: dict[str, Any] = {"values": 3}
+    defaults: dict[str, Any] = {"values": 3}  # the digit presets' tokenizer corpus uses it
 
     def check(self, cfg: MemoryTaskConfig) -> None:
         values = cfg.options["values"]
