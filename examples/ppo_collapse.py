@@ -2,6 +2,7 @@
 
     python examples/ppo_collapse.py --out runs/ppo-collapse                 # start, then the arms
     python examples/ppo_collapse.py --out runs/ppo-collapse --lrs 2e-3 --seeds 0,1
+    python examples/ppo_collapse.py --out runs/ppo-collapse --name runs-token --lrs 2e-3 -- --loss-agg token
 
 The start is the baselines study's mid-plateau recipe (docs/RESULTS.md, "PPO with a signal"): the
 `tiny` preset fine-tuned by memopd.sft on oracle trajectories of the 3-chunk task (32 episodes a step,
@@ -94,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes per evaluation")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--results", default=None, help="results JSON (default OUT/results.json)")
+    ap.add_argument("--name", default="runs", help="the runs' folder under OUT (one per setting of the extra flags)")
     ap.add_argument("extra", nargs="*", help="more memopd.train flags for every run (after --)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -110,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seed in [int(s) for s in args.seeds.split(",")]:
             key = f"lr{lr:g}-seed{seed}"
             results["runs"][key] = {"lr": lr, "seed": seed,
-                                    "rows": run_arm(start, out / "runs" / key, lr, seed, args)}
+                                    "rows": run_arm(start, out / args.name / key, lr, seed, args)}
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(json.dumps(results, indent=1) + "\n")
             print(f"{key}: written to {dest}", file=sys.stderr)
