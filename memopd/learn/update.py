@@ -223,7 +223,10 @@ class PPOUpdate:
             if not torch.isfinite(gnorm):
                 self._zero_grads()
                 return None, parts
-            self.opt.step()
+            # no gradient (every advantage 0, no distillation term): AdamW would still move the weights
+            # by its momentum from earlier steps, a drift with no signal behind it; the step is skipped
+            if float(gnorm) > 0.0:
+                self.opt.step()
             if self.critic is not None:
                 distributed.clip_gradients(self.critic.parameters(), cfg.max_grad_norm, world)
                 self.critic_opt.step()
