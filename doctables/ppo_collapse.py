@@ -34,3 +34,8 @@ def _table(d: Data, path: str, label: str) -> str:
 @table("ppo_collapse.lr")
 def by_lr(d: Data) -> str:
     return _table(d, P + "results.json", "default objective")
+
+
+@table("ppo_collapse.fixed")
+def fixed(d: Data) -> str:
+    return _table(d, P + "results-fixed.json", "no step on a zero gradient")

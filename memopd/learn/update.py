@@ -21,6 +21,7 @@ and their checkpoint state (:meth:`PPOUpdate.state_dict`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -176,8 +177,10 @@ class PPOUpdate:
                     continue
                 for k, v in stats.items():
                     sums.setdefault(k, []).append(v)
-        if sums:  # at least one optimizer step happened
-            self.sched.step()
+        if sums:  # at least one minibatch was trained (its optimizer step skipped where it had no gradient)
+            with warnings.catch_warnings():  # torch warns when no optimizer step came first; the schedule counts steps
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.sched.step()
         self.student.eval()
         out = {k: mean(v) for k, v in sums.items()}
         out.update(distributed.weighted_stats(kl_parts, self.world))
