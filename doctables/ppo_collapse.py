@@ -39,3 +39,8 @@ def by_lr(d: Data) -> str:
 @table("ppo_collapse.fixed")
 def fixed(d: Data) -> str:
     return _table(d, P + "results-fixed.json", "no step on a zero gradient")
+
+
+@table("ppo_collapse.drgrpo")
+def drgrpo(d: Data) -> str:
+    return _table(d, P + "results-drgrpo.json", "Dr. GRPO objective")
