@@ -119,7 +119,7 @@ def test_every_relative_link_names_an_existing_file_and_anchor(page):
 def test_the_readme_is_short_and_links_the_guides():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 200
-    assert 'pip install -e ".[dev]"' in text and "\npytest\n" in text and "mkdocs build --strict" in text
+    assert 'pip install -e ".[dev,bench]"' in text and "\npytest\n" in text and "mkdocs build --strict" in text
     for guide in ("gym", "agents", "training", "methods", "scale-out", "teacher", "RESULTS", "BENCHMARKS"):
         assert f"](docs/{guide}.md)" in text, guide
 

@@ -25,16 +25,21 @@ EVAL_SEED = 10_000
 """Seed of held-out episode 0 (episode g: ``EVAL_SEED + g``)."""
 PRE_TRAINING_STEPS = 1_000_000
 """A rollout of step -k (made before training) is seeded as step ``PRE_TRAINING_STEPS - k``."""
+EXTRA_DRAW_STEPS = 2_000_000
+MAX_DRAWS = 100
+"""Extra draw k (1..MAX_DRAWS - 1) of step s (more questions for the same step, e.g. dynamic sampling's) is
+seeded as step ``EXTRA_DRAW_STEPS + s * MAX_DRAWS + k``: questions no step and no other draw has."""
 
 
 @dataclass(frozen=True)
 class RolloutLimits:
     """What a plugin may limit or ask of a rollout: the most model calls per episode (a depth
-    budget; an episode is cut there) and the top-k of each sampling distribution to record with
-    every token (``Backend.record_topk``)."""
+    budget; an episode is cut there), the top-k of each sampling distribution to record with
+    every token (``Backend.record_topk``), and which draw of the step's questions it is."""
 
     max_calls: int | None = None
     record_topk: int = 0
+    draw: int = 0  # 0: the step's own questions; k > 0: its k-th extra draw, questions of seeds of their own
 
 
 @dataclass
@@ -153,9 +158,14 @@ class Actor:
         own (those of step ``1_000_000 + step``, which no run reaches)."""
         first, count = self.questions
         seed_step = step if step >= 0 else PRE_TRAINING_STEPS + step
+        if limits.draw:
+            if not 0 < limits.draw < MAX_DRAWS:
+                raise ValueError(f"draw {limits.draw} out of range: 1..{MAX_DRAWS - 1}")
+            seed_step = EXTRA_DRAW_STEPS + seed_step * MAX_DRAWS + limits.draw
         base = self.cfg.seed * SEED_STRIDE + seed_step * self.cfg.questions_per_step + first
         t0 = time.perf_counter()
-        mine = self.sample(base, count, f"step{step}{self.run_tag}", limits, version=max(step, 0))
+        tag = f"step{step}" + (f"-draw{limits.draw}" if limits.draw else "")
+        mine = self.sample(base, count, f"{tag}{self.run_tag}", limits, version=max(step, 0))
         return Rollout(distributed.gather_episodes(mine, self.world), seconds=time.perf_counter() - t0)
 
     def heldout_episodes(self) -> list[Episode]:
@@ -191,4 +201,4 @@ class Actor:
         self.backend.load_weights(self.model)
 
 
-__all__ = ["EVAL_SEED", "SEED_STRIDE", "Actor", "Rollout", "RolloutLimits", "engine_options"]
+__all__ = ["EVAL_SEED", "EXTRA_DRAW_STEPS", "MAX_DRAWS", "SEED_STRIDE", "Actor", "Rollout", "RolloutLimits", "engine_options"]

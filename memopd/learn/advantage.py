@@ -4,11 +4,14 @@ step's outcome metrics.
 - A trajectory's reward is its ``--reward`` metric (0 for ``--reward none``, OPD only); a
   ``--ref-beta`` penalty ``beta * [logp_old - logp_ref]_+`` per token is taken off it.
 - Each trajectory weighs 1 in all, split equally over its invocations and, within one, over its
-  tokens: the number of calls is not a hidden weight.
+  tokens: the number of calls is not a hidden weight (``--loss-agg trajectory``, the default; the
+  other aggregations, DAPO's, GRPO's and Dr. GRPO's, are :mod:`memopd.learn.policy_loss`'s).
+- ``--overlong-buffer`` adds DAPO's overlong shaping to the reward (:mod:`memopd.learn.rewards`).
 - An episode cut before its answer (a rollout-depth budget, a drift stop: ``Episode.cut``) has
   no reward: its tokens get no PPO, entropy or value terms, and it is a group of its own.
 - ``grpo``: the episode's reward minus its group's mean, over the group's std
-  (:func:`memopd.losses.group_advantages`), on every token of the episode; ``gae``: GAE over the
+  (:func:`memopd.losses.group_advantages`; ``--scale-rewards`` batch / none: the batch's, or none as
+  Dr. GRPO), on every token of the episode; ``gae``: GAE over the
   trajectory's action tokens in call order with a critic, the reward on the last token, then
   standardised over the batch.
 """
@@ -23,6 +26,8 @@ import torch
 from agents.lora import adapters_off
 from agents.records import ROLES, Episode
 from memopd import distributed, losses
+from memopd.learn.policy_loss import aggregation_weights
+from memopd.learn.rewards import scaled_group_advantages, shaped_rewards
 from memopd.packing import PackedBatch
 from memopd.runlog import mean
 from memopd.scoring import action_states, token_logprobs
@@ -33,13 +38,15 @@ if TYPE_CHECKING:  # the run's options, for the annotations
 
 @dataclass
 class Advantages:
-    """[N] per-token advantages and trajectory weights of a packed batch; with GAE also the critic's
-    values and the returns it regresses on."""
+    """[N] per-token advantages and trajectory weights of a packed batch (``norm``: the weights of
+    the loss's normaliser where they differ from ``weights``, :func:`memopd.learn.policy_loss.aggregation_weights`);
+    with GAE also the critic's values and the returns it regresses on."""
 
     advantages: torch.Tensor
     weights: torch.Tensor
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    norm: torch.Tensor | None = None
 
 
 def episode_rewards(episodes: Sequence[Episode], kind: str) -> torch.Tensor:
@@ -56,6 +63,15 @@ def trajectory_weights(batch: PackedBatch, episodes: Sequence[Episode]) -> torch
     w = [1.0 / (len(episodes[ei].invocations) * len(episodes[ei].invocations[ii].response_ids))
          for ei, ii in zip(e, i)]
     return torch.tensor(w, dtype=torch.float32)
+
+
+def loss_weights(batch: PackedBatch, episodes: Sequence[Episode], kind: str, cap: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N] the weights and normaliser weights of the ``--loss-agg kind`` aggregation of a batch."""
+    e, i = batch.token_map[:, 0].tolist(), batch.token_map[:, 1].tolist()
+    call_len = torch.tensor([len(episodes[ei].invocations[ii].response_ids) for ei, ii in zip(e, i)])
+    calls = torch.tensor([len(episodes[ei].invocations) for ei in e])
+    return aggregation_weights(call_len, calls, kind, cap)
 
 
 def gae_token_advantages(batch: PackedBatch, rewards: torch.Tensor, values: torch.Tensor,
@@ -87,13 +103,13 @@ def compute_advantages(cfg: CoreConfig, batch: PackedBatch, episodes: Sequence[E
     """Advantages of this rank's packed share (``own`` indexes ``episodes``, the whole step's, which
     group-relative baselines need)."""
     local = [episodes[i] for i in own]
-    all_rewards = episode_rewards(episodes, cfg.reward)
+    all_rewards = shaped_rewards(episode_rewards(episodes, cfg.reward), episodes, cfg, cfg.max_new_tokens)
     rewards = all_rewards[own]
-    weights = trajectory_weights(batch, local)
+    weights, norm = loss_weights(batch, local, cfg.loss_agg, cfg.max_new_tokens)
     cut = [e.cut is not None for e in episodes]
     if any(cut):
-        weights = weights.masked_fill(torch.tensor([cut[own[e]] for e in batch.token_map[:, 0].tolist()],
-                                                   dtype=torch.bool), 0.0)
+        cut_tokens = torch.tensor([cut[own[e]] for e in batch.token_map[:, 0].tolist()], dtype=torch.bool)
+        weights, norm = weights.masked_fill(cut_tokens, 0.0), norm.masked_fill(cut_tokens, 0.0)
     penalty = None
     if ref is not None and cfg.ref_beta > 0:
         with torch.no_grad(), adapters_off(ref):  # a LoRA student as its own reference: the base model
@@ -103,14 +119,15 @@ def compute_advantages(cfg: CoreConfig, batch: PackedBatch, episodes: Sequence[E
         with torch.no_grad():
             values = critic(batch, cfg.attn)
         adv, returns = gae_token_advantages(batch, rewards, values, penalty, cfg.gamma, cfg.lam)
-        return Advantages(distributed.standardise(adv, world), weights, values, returns)
+        return Advantages(distributed.standardise(adv, world), weights, values, returns, norm)
     if penalty is not None:  # spread the trajectory's mean penalty onto its reward
-        pen_ep = torch.zeros(len(local)).index_add_(0, batch.token_map[:, 0], penalty * weights)
+        pen_ep = torch.zeros(len(local)).index_add_(0, batch.token_map[:, 0],
+                                                   penalty * trajectory_weights(batch, local))
         all_rewards = all_rewards + distributed.all_sum_tensor(
             torch.zeros(len(episodes)).index_copy_(0, torch.tensor(own), pen_ep), world)
     groups = [f"cut:{e.episode_id}" if c else e.group_id or e.episode_id for e, c in zip(episodes, cut)]
-    ep_adv = losses.group_advantages(all_rewards, groups)
-    return Advantages(ep_adv[own][batch.token_map[:, 0]], weights)
+    ep_adv = scaled_group_advantages(all_rewards, groups, cfg.scale_rewards)
+    return Advantages(ep_adv[own][batch.token_map[:, 0]], weights, norm=norm)
 
 
 def step_metrics(cfg: CoreConfig, world: distributed.World, episodes: Sequence[Episode], batch: PackedBatch,
@@ -138,5 +155,5 @@ def step_metrics(cfg: CoreConfig, world: distributed.World, episodes: Sequence[E
     }
 
 
-__all__ = ["Advantages", "compute_advantages", "episode_rewards", "gae_token_advantages", "role_masks", "step_metrics",
+__all__ = ["Advantages", "compute_advantages", "episode_rewards", "gae_token_advantages", "loss_weights", "role_masks", "step_metrics",
            "trajectory_weights"]

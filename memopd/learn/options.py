@@ -20,6 +20,8 @@ from memopd.learn.registry import SpecError
 from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.learn.plugin import (Plugin, PluginSpecError, check_plugin_kwargs, plugin_options, resolve_plugin,
                                  select_plugins)
+from memopd.learn.policy_loss import PolicyLossOptions
+from memopd.learn.rewards import RewardShapingOptions
 from memopd.learn.teachers import check_served, run_needs
 from memopd.learn.teachers.served import ServedTeacherOptions
 from memopd.lora import LoRAOptions
@@ -264,7 +266,8 @@ class LoggingOptions:
 
 @dataclass
 class CoreConfig(LoggingOptions, ParallelOptions, LoRAOptions, UpdateOptions, ServedTeacherOptions, SampledOptions,
-                 TopKOptions, ObjectiveOptions, RolloutOptions, RunOptions, TrainingOptions):
+                 TopKOptions, RewardShapingOptions, PolicyLossOptions, ObjectiveOptions, RolloutOptions, RunOptions,
+                 TrainingOptions):
     """The run's own options: every one but the training methods' (plugins'). Every field is a flag:
     ``opd_coef`` -> ``--opd-coef``; the options shared with ``memopd.sft`` (env, model, seed, threads,
     optimiser, attention) mean the same in both. What a plugin reads of the run
@@ -318,5 +321,5 @@ def core_config(cfg: CoreConfig) -> CoreConfig:
     return CoreConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(CoreConfig)})
 
 
-__all__ = ["CoreConfig", "LoggingOptions", "ObjectiveOptions", "ParallelOptions", "PluginOptions", "RolloutOptions",
-           "RunOptions", "ServedTeacherOptions", "UpdateOptions", "config_slices", "core_config"]
+__all__ = ["CoreConfig", "LoggingOptions", "ObjectiveOptions", "ParallelOptions", "PluginOptions", "PolicyLossOptions",
+           "RewardShapingOptions", "RolloutOptions", "RunOptions", "ServedTeacherOptions", "UpdateOptions", "config_slices", "core_config"]

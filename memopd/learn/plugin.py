@@ -84,10 +84,16 @@ class LossWeights:
         self.ppo_base, self.opd_base = self.ppo.clone(), self.opd.clone()
 
     @classmethod
-    def initial(cls, ppo: torch.Tensor, teacher: torch.Tensor, supervised: torch.Tensor | None) -> LossWeights:
+    def initial(cls, ppo: torch.Tensor, teacher: torch.Tensor, supervised: torch.Tensor | None,
+                ppo_norm: torch.Tensor | None = None) -> LossWeights:
         """A step's weights before any plugin: the trajectory weights, and the teacher mask less the
-        actions the teacher has no target for (``supervised``; None: it has one for every action)."""
-        return cls(ppo, teacher.float() if supervised is None else teacher.float() * supervised.float())
+        actions the teacher has no target for (``supervised``; None: it has one for every action).
+        ``ppo_norm``: the PPO normaliser's weights where the aggregation gives them apart (Dr. GRPO's
+        constant, :func:`memopd.learn.policy_loss.aggregation_weights`)."""
+        out = cls(ppo, teacher.float() if supervised is None else teacher.float() * supervised.float())
+        if ppo_norm is not None:
+            out.ppo_base = ppo_norm.clone()
+        return out
 
     def redistribute_opd(self, new: torch.Tensor, world: World | None = None) -> None:
         """Set the distillation weights to ``new`` scaled to the sum the current ones have (over

@@ -25,7 +25,7 @@ from agents.records import Episode
 from agents.run_layout import RUN_MODEL_DIR
 from memopd import distributed
 from memopd.learn.actor import Actor, Rollout, RolloutLimits
-from memopd.learn.advantage import compute_advantages, role_masks, step_metrics
+from memopd.learn.advantage import Advantages, compute_advantages, role_masks, step_metrics
 from memopd.learn.checkpointer import Checkpointer
 from memopd.learn.env_check import check_env, check_env_settings
 from memopd.learn.estimators import TeacherScores, make_estimator
@@ -130,7 +130,7 @@ class Trainer:
         with phase("prepare"):  # the old log-probs' pass where one is needed, the teacher's kept distribution
             inputs = self.updater.prepare(batch, scores, any(p.needs_trainer_logprobs for p in self.plugins))
         with phase("weigh"):
-            weights, stats = self.weigh(inputs, local, adv.weights, scores)
+            weights, stats = self.weigh(inputs, local, adv, scores)
         with phase("update"):  # forward + backward of every epoch and minibatch, and the optimizer steps
             update_stats, token_kl = self.updater.run(inputs, adv, weights, role_masks(batch, local))
         self.models.sync()  # rollouts, evaluations and audits sample from the updated weights
@@ -149,13 +149,14 @@ class Trainer:
         """The actor's episodes of this step (every rank's), without any plugin's rollout changes."""
         return self.actor.rollout(self.step).episodes
 
-    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], ppo_weights: torch.Tensor,
+    def weigh(self, inputs: UpdateInputs, local: Sequence[Episode], adv: Advantages,
               scores: TeacherScores | None) -> tuple[LossWeights, dict[str, float]]:
         """The loss weights of the step (the trajectory weights and the teacher mask, less the
         actions the teacher has no target for), then every plugin's changes in order; the plugins'
         metrics, and the teacher's."""
         scored = scores is not None
-        weights = LossWeights.initial(ppo_weights, inputs.batch.teacher, scores.supervised if scored else None)
+        weights = LossWeights.initial(adv.weights, inputs.batch.teacher, scores.supervised if scored else None,
+                                      adv.norm)
         ctx = WeighContext(self.step, self._progress(), inputs.batch, local, policy_lags(local, self.step), self.world,
                            inputs.minibatches, scores.states if scored else None, scores.logp if scored else None,
                            inputs.trainer_logp, self.models.states, scored)

@@ -4,7 +4,8 @@ For each minibatch (an optimizer step)::
 
     L_actor = L_PPO - alpha * H + lambda * L_OPD        (memopd.losses.actor_loss)
 
-``L_PPO`` is the clipped surrogate with the trajectory weights (masked mean), ``H`` the entropy
+``L_PPO`` is the clipped surrogate with the trajectory weights (masked mean; its ratio, clip and
+aggregation as :mod:`memopd.learn.policy_loss` sets them: PPO's, DAPO's, GSPO's, Dr. GRPO's), ``H`` the entropy
 with the same weights, ``L_OPD`` the masked mean of the divergence to the teacher with the
 distillation weights, as the run's estimator (:mod:`memopd.learn.estimators`) computes it; an
 estimator may instead give a per-token advantage that PPO optimises. With GAE a critic regresses
@@ -20,6 +21,7 @@ and their checkpoint state (:meth:`PPOUpdate.state_dict`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -30,6 +32,7 @@ from memopd import distributed, losses
 from memopd.learn.advantage import Advantages
 from memopd.learn.estimators.base import Estimator, TeacherScores
 from memopd.learn.plugin import LossWeights
+from memopd.learn.policy_loss import SURROGATE_STATS, clipped_surrogate, sequence_ids
 from memopd.lora import trainable_parameters
 from memopd.packing import PackedBatch
 from memopd.runlog import mean
@@ -174,8 +177,10 @@ class PPOUpdate:
                     continue
                 for k, v in stats.items():
                     sums.setdefault(k, []).append(v)
-        if sums:  # at least one optimizer step happened
-            self.sched.step()
+        if sums:  # at least one minibatch was trained (its optimizer step skipped where it had no gradient)
+            with warnings.catch_warnings():  # torch warns when no optimizer step came first; the schedule counts steps
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.sched.step()
         self.student.eval()
         out = {k: mean(v) for k, v in sums.items()}
         out.update(distributed.weighted_stats(kl_parts, self.world))
@@ -221,7 +226,10 @@ class PPOUpdate:
             if not torch.isfinite(gnorm):
                 self._zero_grads()
                 return None, parts
-            self.opt.step()
+            # no gradient (every advantage 0, no distillation term): AdamW would still move the weights
+            # by its momentum from earlier steps, a drift with no signal behind it; the step is skipped
+            if float(gnorm) > 0.0:
+                self.opt.step()
             if self.critic is not None:
                 distributed.clip_gradients(self.critic.parameters(), cfg.max_grad_norm, world)
                 self.critic_opt.step()
@@ -237,18 +245,19 @@ class PPOUpdate:
         w_norm, t_norm = weights.ppo_base[uid], weights.opd_base[uid]
         logp, ent, div = self.estimator.terms(self.student_states(part), part, inp.targets)
         if ppo:
-            pg, pg_stats = losses.ppo_policy_loss(logp, inp.old_logp[uid], adv.advantages[uid], w, cfg.clip_eps,
-                                                  None if inp.is_weights is None else inp.is_weights[uid], norm=w_norm)
+            seq = sequence_ids(part) if cfg.importance_level == "sequence" else None
+            pg, pg_stats = clipped_surrogate(logp, inp.old_logp[uid], adv.advantages[uid], w, cfg.clip_eps,
+                                             cfg.clip_eps_high, seq,
+                                             None if inp.is_weights is None else inp.is_weights[uid], norm=w_norm)
         else:
-            pg, pg_stats = logp.sum() * 0.0, {"clip_frac": 0.0, "approx_kl": 0.0}
+            pg, pg_stats = logp.sum() * 0.0, dict.fromkeys(SURROGATE_STATS, 0.0)
         pg = pg * w_scale
         entropy = losses.masked_mean(ent, w, w_norm) * w_scale
         opd = (losses.masked_mean(div, tmask, t_norm) * t_scale if div is not None and self.estimator.as_loss
                else logp.sum() * 0.0)
         terms: dict[str, Any] = {"loss": losses.actor_loss(pg, entropy, opd, cfg.entropy_coef, cfg.opd_coef),
                                  "pg_loss": pg, "opd_loss": opd, "entropy": entropy,
-                                 "clip_frac": pg_stats["clip_frac"] * w_scale,
-                                 "approx_kl": pg_stats["approx_kl"] * w_scale}
+                                 **{k: v * w_scale for k, v in pg_stats.items()}}
         if self.critic is not None:
             v = self.critic_fwd(part, cfg.attn)
             terms["value_loss"] = losses.value_loss(v, adv.values[uid], adv.returns[uid], w, norm=w_norm) * w_scale
