@@ -101,13 +101,29 @@ def interrupted(cfg: TrainConfig) -> str:
             "auto teacher resumes where it stopped)")
 
 
+def env_flags(argv: Sequence[str]) -> list[str]:
+    """``--env`` given more than once, or with a weight or options of its own (``NAME:2``,
+    ``NAME,num_chunks=6``), is the mix: each use becomes ``--env-mix`` (:mod:`memopd.learn.mix`).
+    One plain ``--env`` is left as is."""
+    argv = list(argv)
+    at = [i for i, a in enumerate(argv[:-1]) if a == "--env"]
+    values = [argv[i + 1] for i in at] + [a.split("=", 1)[1] for a in argv if a.startswith("--env=")]
+    if len(values) < 2 and not any(":" in v or "," in v for v in values):
+        return argv
+    out: list[str] = []
+    for a in argv:
+        out.append("--env-mix" if a == "--env" else "--env-mix=" + a[6:] if a.startswith("--env=") else a)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: bad input prints ``error: ...`` and exits 2; a run stopped by non-finite losses
     exits 1."""
     from agents.models import ModelLoadError
 
     def _main() -> int:
-        cfg, given = cfgmod.parse_known(TrainConfig, argv, "python -m memopd.train", __doc__)
+        cfg, given = cfgmod.parse_known(TrainConfig, env_flags(sys.argv[1:] if argv is None else argv),
+                                        "python -m memopd.train", __doc__)
         cfg = _resume_after_restart(cfg)
         if not cfg.resume:
             check_env(cfg.env)

@@ -17,6 +17,7 @@ from memopd import distributed, losses
 from memopd.config import Config, ConfigError, TrainingOptions, field
 from memopd.learn.estimators import BUILTIN, OPTION_SLICES, REGISTRY, SampledOptions, TopKOptions, estimator_options
 from memopd.learn.registry import SpecError
+from memopd.learn.mix import parse_mix
 from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.learn.plugin import (Plugin, PluginSpecError, check_plugin_kwargs, plugin_options, resolve_plugin,
                                  select_plugins)
@@ -60,6 +61,12 @@ class RolloutOptions:
                                help="agent constructor option (repeatable), e.g. answer_max_new_tokens=16; VALUE is "
                                     "read as a Python literal when it is one, else kept as a string. In a TOML "
                                     "config: a table, agent_kwargs = { answer_max_new_tokens = 16 }")
+    env_mix: list = field(default_factory=list, repeat=True,
+                          help="several envs in one run (memopd.learn.mix): one env per use, NAME[:WEIGHT]"
+                               "[,KEY=VALUE...] (weight 1 by default, its own env options over --env-kwarg); each "
+                               "step draws its questions' envs by weight. --env given more than once, or with a "
+                               "weight, means this. In a TOML config: env_mix = [\"memgym/LongQA-v0:2\", "
+                               "{ name = \"memgym/KnowledgeUpdate-v0\", weight = 1, num_chunks = 6 }]")
     questions_per_step: int = field(8, help="questions per step (B)", range=(1, None))
     group_size: int = field(4, help="samples per question (G)", range=(1, None))
     rollout_envs: int = field(64, help="environments stepped in lockstep (model calls batched across them)",
@@ -93,6 +100,10 @@ class RolloutOptions:
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
         self._check_agent()
+        if self.env_mix:  # kept as canonical specs; --env names the first env (run directory, checks)
+            specs = parse_mix(self.env_mix)
+            self.env_mix = [s.text() for s in specs]
+            self.env = specs[0].name  # type: ignore[attr-defined]
         if self.memory_perturbation is not None:
             from memgym.perturb import parse_spec
 
