@@ -42,6 +42,7 @@ from memopd.learn.models import MODEL_LR, TINY_LR, default_teacher_dir, ensure_t
 from memopd.learn import state
 from memopd.learn.options import CoreConfig, PluginOptions, config_slices
 from memopd.learn.plugin import TrainingError
+from memopd.learn.teachers.routing import teacher_flags
 from memopd.learn.trainer import Trainer
 from memopd.plugins import BUILTIN_PLUGINS
 from memopd.runlog import LoggingSetupError, read_metrics
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agents.models import ModelLoadError
 
     def _main() -> int:
-        cfg, given = cfgmod.parse_known(TrainConfig, env_flags(sys.argv[1:] if argv is None else argv),
+        cfg, given = cfgmod.parse_known(TrainConfig, teacher_flags(env_flags(sys.argv[1:] if argv is None else argv)),
                                         "python -m memopd.train", __doc__)
         cfg = _resume_after_restart(cfg)
         if not cfg.resume:

@@ -111,8 +111,9 @@ def is_mix(cfg: CoreConfig) -> bool:
 
 def env_config(cfg: Any, spec: EnvSpec) -> Any:
     """``cfg`` as a run of this env alone (its id, the run's options with its own over them, no
-    mix): what the env checks, the auto teacher and the warm start read."""
-    return dataclasses.replace(cfg, env=spec.name, env_kwargs={**cfg.env_kwargs, **spec.kwargs}, env_mix=[])
+    mix, no routing table): what the env checks, the auto teacher and the warm start read."""
+    alone = {"teacher_routes": []} if hasattr(cfg, "teacher_routes") else {}  # routes name the mix's envs
+    return dataclasses.replace(cfg, env=spec.name, env_kwargs={**cfg.env_kwargs, **spec.kwargs}, env_mix=[], **alone)
 
 
 def env_configs(cfg: Any) -> list[Any]:

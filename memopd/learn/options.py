@@ -22,6 +22,7 @@ from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.learn.plugin import (Plugin, PluginSpecError, check_plugin_kwargs, plugin_options, resolve_plugin,
                                  select_plugins)
 from memopd.learn.teachers import check_served, run_needs
+from memopd.learn.teachers.routing import route_table
 from memopd.learn.teachers.served import ServedTeacherOptions
 from memopd.lora import LoRAOptions
 
@@ -36,6 +37,13 @@ class RunOptions:
                                       "(a stock vllm serve, e.g. http://127.0.0.1:8000/v1; see --teacher-model); "
                                       "'auto' = the tiny-teacher preset fine-tuned on oracle trajectories of --env "
                                       "(built and cached on first use)")
+    teacher_routes: list = field(default_factory=list, repeat=True,
+                                 help="a teacher per env and per call role (memopd.learn.teachers.routing): one "
+                                      "route per use, KEY=SPEC with KEY ENV:ROLE, ENV, memory, answer or * (ENV an "
+                                      "env tag of the run, e.g. LongQA-v0) and SPEC any --teacher; a call goes to "
+                                      "its most specific route, a call with none is unsupervised. --teacher "
+                                      "KEY=SPEC means this. In a TOML config: teacher_routes = [\"memory=URL\", "
+                                      "\"answer=tiny-teacher\"]")
     student_warmup_steps: int = field(100, help="SFT steps on oracle trajectories before RL when --model is a "
                                                "tiny preset (learns the output format; 0 = start from --model as is)",
                                       range=(0, None))
@@ -315,6 +323,10 @@ class PluginOptions(Config):
             raise ConfigError(str(exc)) from None
         if isinstance(self, CoreConfig):
             chosen = select_plugins(type(self).builtin_plugins, self)
+            reading = [c.name for c, _ in chosen if c.teacher_needs]
+            if self.opd_coef > 0 and reading and route_table(self):
+                raise ConfigError(f"--{reading[0].replace('_', '-')} reads one teacher's states, and this run routes its calls to "
+                                  "several (--teacher KEY=SPEC); use one --teacher with it")
             check_served(self, run_needs(self, [c for c, _ in chosen], distributed.launched_size()))
 
 
