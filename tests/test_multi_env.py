@@ -11,19 +11,20 @@ import pytest
 from memopd import config as cfgmod
 from memopd import train
 from memopd.config import ConfigError
+from memopd.learn.teachers.routing import teacher_flags
 from memopd.learn.mix import EnvSpec, env_mix, parse_env_spec, question_envs, shares
 from memopd.runlog import read_metrics
 
 LQ, KU = "memgym/LongQA-v0", "memgym/KnowledgeUpdate-v0"
 MIX = ["--env", f"{LQ}:2,num_chunks=2", "--env", f"{KU}:1,num_chunks=2"]
 FAST = ["--questions-per-step", "4", "--group-size", "2", "--max-new-tokens", "12", "--eval-episodes", "2",
-        "--eval-every", "0", "--student-warmup-steps", "0", "--teacher", "tiny-teacher", "--no-progress",
+        "--eval-every", "0", "--student-warmup-steps", "0", "--no-progress",
         "--pack-tokens", "1024", "--threads", "1", "--audit-every", "0", "--sample-episodes", "2"]
 TIMING = {"tokens_per_s", "rollout_s", "step_s", "train_clock_s"}
 
 
-def _cfg(run, *extra, mix=MIX):
-    argv = train.env_flags([*mix, *FAST, "--run-dir", str(run), *extra])
+def _cfg(run, *extra, mix=MIX):  # (the auto teacher where no --teacher is given)
+    argv = teacher_flags(train.env_flags([*mix, *FAST, "--run-dir", str(run), *extra]))
     return train.prepare(cfgmod.parse_args(train.TrainConfig, argv, "t", ""))
 
 
@@ -49,6 +50,10 @@ def test_env_flags_make_a_mix_only_when_repeated_or_weighted():
 def test_config_keeps_the_mix_and_names_the_first_env(tmp_path):
     cfg = _cfg(tmp_path / "run")
     assert cfg.env == LQ and [s.tag for s in env_mix(cfg)] == ["LongQA-v0", "KnowledgeUpdate-v0"]
+    from memopd.learn.teachers.routing import Route, route_table
+
+    # --teacher auto on a mix: each env's own auto teacher (built for that env alone)
+    assert route_table(cfg) == [Route("LongQA-v0", "*", "auto"), Route("KnowledgeUpdate-v0", "*", "auto")]
     with pytest.raises(ConfigError, match="given twice"):
         _cfg(tmp_path / "r2", mix=["--env", LQ, "--env", "LongQA:2"])
     toml = tmp_path / "mix.toml"
@@ -91,15 +96,20 @@ class Killed(BaseException):
     """Stands for SIGKILL right after a checkpoint."""
 
 
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory):
+TEACHERS = {"one teacher": ["--teacher", "tiny-teacher"],  # every call
+            "routes": ["--teacher", "memory=tiny-teacher", "--teacher", "KnowledgeUpdate-v0:answer=tiny-teacher"]}
+
+
+@pytest.fixture(scope="module", params=list(TEACHERS))
+def mixed(tmp_path_factory, request):
     run = tmp_path_factory.mktemp("mixed") / "run"
-    summary = train.Trainer(_cfg(run, "--steps", "3", "--save-every", "1"), log=lambda m: None).fit()
-    return run, summary
+    cfg = _cfg(run, "--steps", "3", "--save-every", "1", *TEACHERS[request.param])
+    summary = train.Trainer(cfg, log=lambda m: None).fit()
+    return run, summary, request.param
 
 
 def test_mixed_run_has_each_envs_metrics_and_heldout_figures(mixed):
-    run, summary = mixed
+    run, summary, teachers = mixed
     steps = [r for r in read_metrics(run) if "loss" in r]
     for r in steps:
         n = {t: r[f"env/{t}/episodes"] for t in ("LongQA-v0", "KnowledgeUpdate-v0")}
@@ -107,6 +117,10 @@ def test_mixed_run_has_each_envs_metrics_and_heldout_figures(mixed):
         draw = question_envs(0, r["step"] - 1, 4, [2.0, 1.0])
         assert n == {"LongQA-v0": 2 * draw.count(0), "KnowledgeUpdate-v0": 2 * draw.count(1)}
         assert all(f"env/{t}/{k}" in r for t in n for k in ("reward", "f1", "kl"))
+        if teachers == "routes":  # LongQA's answers have no route
+            assert r["teacher/unrouted_share"] > 0 and math.isfinite(r["kl/all"])
+            assert r["teacher/memory/supervised_share"] + r["teacher/KnowledgeUpdate-v0:answer/supervised_share"] \
+                + r["teacher/unrouted_share"] == pytest.approx(1.0)
     for key in ("eval_before", "eval_after"):
         fig = summary[key]
         assert {"LongQA-v0/f1", "KnowledgeUpdate-v0/f1", "f1"} <= set(fig)
@@ -119,7 +133,7 @@ def test_mixed_run_has_each_envs_metrics_and_heldout_figures(mixed):
 
 
 def test_killed_and_resumed_mixed_run_equals_the_uninterrupted_one(mixed, tmp_path, monkeypatch):
-    full, _ = mixed
+    full, _, teachers = mixed
     run = tmp_path / "run"
     real_save = train.Trainer.save
 
@@ -131,7 +145,30 @@ def test_killed_and_resumed_mixed_run_equals_the_uninterrupted_one(mixed, tmp_pa
 
     monkeypatch.setattr(train.Trainer, "save", save_then_die)
     with pytest.raises(Killed):
-        train.Trainer(_cfg(run, "--steps", "3", "--save-every", "1"), log=lambda m: None).fit()
+        train.Trainer(_cfg(run, "--steps", "3", "--save-every", "1", *TEACHERS[teachers]), log=lambda m: None).fit()
     monkeypatch.undo()
     train.Trainer(train.prepare(train.TrainConfig(resume=str(run))), log=lambda m: None).fit()
     _same(_rows(full), _rows(run))
+
+
+def test_run_report_and_viewer_split_by_env(mixed):
+    from memopd import view
+    from memopd.runlog import run_panels
+
+    run, summary, _ = mixed
+    src = view.load_source(run)
+    line = view.heldout_line(src)
+    a, b = summary["eval_after"], summary["eval_before"]
+    assert line.endswith(f"(2 test episodes of each env); by env: LongQA-v0 {b['LongQA-v0/f1']:.3f} -> "
+                         f"{a['LongQA-v0/f1']:.3f}, KnowledgeUpdate-v0 {b['KnowledgeUpdate-v0/f1']:.3f} -> "
+                         f"{a['KnowledgeUpdate-v0/f1']:.3f}")
+    panels = dict(run_panels(src.metrics))
+    assert panels["F1 by env"] == ("env/KnowledgeUpdate-v0/f1", "eval/KnowledgeUpdate-v0/f1", "env/LongQA-v0/f1",
+                                   "eval/LongQA-v0/f1")
+    assert panels["KL by env"] == ("env/KnowledgeUpdate-v0/kl", "env/LongQA-v0/kl")
+    index, _ = view.report_data(src)
+    assert {"F1 by env", "KL by env"} <= {p["title"] for p in index["panels"]}
+    if any("teacher/unrouted_share" in r for r in src.metrics):
+        assert panels["supervised share by route"] == ("teacher/KnowledgeUpdate-v0:answer/supervised_share",
+                                                       "teacher/memory/supervised_share", "teacher/unrouted_share")
+    assert {r["task"] for r in index["rows"]} <= {LQ, KU}
