@@ -150,6 +150,47 @@ def test_each_call_is_scored_as_its_teachers_plain_forward_of_the_call_alone(rou
     assert worst <= TOL, worst
 
 
+def test_a_served_and_a_local_teacher_of_one_step_overlap(routed, cache):
+    """The served route's requests wait in a thread while the local route scores: one step takes
+    about the longer of the two, not their sum (each teacher here waits 1 s, as on a server)."""
+    import threading
+    import time
+
+    from memopd.learn.teachers import LocalTeacher
+    from memopd.packing import pack_episodes
+
+    episodes, _, _, _, teachers = routed
+    _, tok = _teacher(1, cache)
+    seen = {}
+
+    class Waiting(LocalTeacher):
+        """A local teacher that waits 1 s first; ``served``: it has no weights here, as a served one."""
+
+        def __init__(self, model, name, served):
+            super().__init__(model, tok)
+            self.name, self.weights = name, model
+            self.model = None if served else model
+
+        def score(self, eps, batch):
+            seen[self.name] = threading.current_thread() is threading.main_thread()
+            time.sleep(1.0)
+            self.model, kept = self.weights, self.model
+            try:
+                return super().score(eps, batch)
+            finally:
+                self.model = kept
+
+    teacher = RoutedTeacher([Route(ANY, "memory", "url"), Route(ANY, "answer", "local")],
+                            [Waiting(teachers["A"], "served", True), Waiting(teachers["B"], "local", False)], TAGS,
+                            reads=frozenset({"sampled"}), topk=0, chunk=None, pack_tokens=1024, roles=ROLES,
+                            pad_token_id=0)
+    t0 = time.perf_counter()
+    teacher.score(episodes, pack_episodes(episodes, 1024))
+    took = time.perf_counter() - t0
+    assert seen == {"served": False, "local": True}  # the served one in a thread, the local one here
+    assert took < 1.8, took  # overlapped: about 1 s, where one after the other takes 2 s and more
+
+
 def _parse(*argv):
     return cfgmod.parse_args(train.TrainConfig, teacher_flags(train.env_flags(list(argv))), "t", "")
 

@@ -242,10 +242,11 @@ class RoutedTeacher(Teacher):
                 project = top.project if top.project is not None else project
             if sampled is not None:
                 sampled[idx] = s.token_logprobs(targets, self.chunk).float()
-            share = float((supervised[idx] & part.batch.teacher.bool()).sum()) / max(1, n)
-            metrics[f"teacher/{self.routes[r].label}/supervised_share"] = share
             metrics.update({k.replace("teacher/", f"teacher/{self.routes[r].label}/", 1): v
                             for k, v in s.metrics.items()})
+            # the route's share of the step's action tokens (over a teacher's own share of its calls)
+            share = float((supervised[idx] & part.batch.teacher.bool()).sum()) / max(1, n)
+            metrics[f"teacher/{self.routes[r].label}/supervised_share"] = share
         batch.teacher = batch.teacher & routed.to(batch.teacher.device)  # no route: no teacher
         metrics["teacher/unrouted_share"] = float((~routed).sum()) / max(1, n)
         return TeacherScores(top=TopK(top_ids, top_logp, project) if top_ids is not None else None, sampled=sampled,
