@@ -60,6 +60,8 @@ def test_config_keeps_the_mix_and_names_the_first_env(tmp_path):
     toml.write_text(f'env_mix = ["{LQ}:2", {{ name = "{KU}", weight = 1, num_chunks = 3 }}]\n')
     cfg = cfgmod.parse_args(train.TrainConfig, ["--config", str(toml)], "t", "")
     assert env_mix(cfg) == [EnvSpec(LQ, 2.0, {}), EnvSpec(KU, 1.0, {"num_chunks": 3})]
+    with pytest.raises(ConfigError, match="^--async-rollouts samples one env"):
+        _cfg(tmp_path / "r4", "--async-rollouts")
     one = _cfg(tmp_path / "r3", mix=["--env", LQ])  # one plain --env: no mix, as before
     assert one.env_mix == [] and env_mix(one) == [EnvSpec(LQ)]
 
