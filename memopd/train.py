@@ -41,6 +41,7 @@ from memopd.learn.env_check import check_env, check_env_settings, needs_oracle
 from memopd.learn.models import MODEL_LR, TINY_LR, default_teacher_dir, ensure_teacher, resolve_defaults
 from memopd.learn import state
 from memopd.learn.options import CoreConfig, PluginOptions, config_slices
+from memopd.learn.mix import split_weight
 from memopd.learn.plugin import TrainingError
 from memopd.learn.teachers.routing import teacher_flags
 from memopd.learn.trainer import Trainer
@@ -104,12 +105,12 @@ def interrupted(cfg: TrainConfig) -> str:
 
 def env_flags(argv: Sequence[str]) -> list[str]:
     """``--env`` given more than once, or with a weight or options of its own (``NAME:2``,
-    ``NAME,num_chunks=6``), is the mix: each use becomes ``--env-mix`` (:mod:`memopd.learn.mix`).
+    ``NAME,num_chunks=6``; ``memgym:LongQA-v0`` is a name), is the mix: each use becomes ``--env-mix`` (:mod:`memopd.learn.mix`).
     One plain ``--env`` is left as is."""
     argv = list(argv)
     at = [i for i, a in enumerate(argv[:-1]) if a == "--env"]
     values = [argv[i + 1] for i in at] + [a.split("=", 1)[1] for a in argv if a.startswith("--env=")]
-    if len(values) < 2 and not any(":" in v or "," in v for v in values):
+    if len(values) < 2 and not any("," in v or split_weight(v)[0] != v for v in values):
         return argv
     out: list[str] = []
     for a in argv:

@@ -35,7 +35,8 @@ def test_spec_grammar_against_hand_parsed_values():
     assert parse_env_spec({"name": KU, "weight": 3, "num_chunks": 4}) == EnvSpec(KU, 3.0, {"num_chunks": 4})
     spec = EnvSpec(LQ, 0.5, {"num_chunks": 6, "fact_order": "random"})
     assert parse_env_spec(spec.text()) == spec  # what config.toml keeps reads back
-    for bad, says in [(f"{LQ}:x", "not a number"), (f"{LQ}:0", "above 0"), (f"{LQ},num_chunks", "KEY=VALUE"),
+    assert parse_env_spec("memgym:LongQA-v0:3") == EnvSpec(LQ, 3.0, {})  # an id with its namespace
+    for bad, says in [(f"{LQ}:x", "unknown memgym env"), (f"{LQ}:0", "above 0"), (f"{LQ},num_chunks", "KEY=VALUE"),
                       ("memgym/Nope-v0:1", "unknown memgym env")]:
         with pytest.raises(ConfigError, match=says):
             parse_env_spec(bad)
@@ -43,6 +44,7 @@ def test_spec_grammar_against_hand_parsed_values():
 
 def test_env_flags_make_a_mix_only_when_repeated_or_weighted():
     assert train.env_flags(["--env", LQ, "--steps", "2"]) == ["--env", LQ, "--steps", "2"]
+    assert train.env_flags(["--env", "memgym:LongQA-v0"]) == ["--env", "memgym:LongQA-v0"]
     assert train.env_flags(["--env", f"{LQ}:2"]) == ["--env-mix", f"{LQ}:2"]
     assert train.env_flags(["--env", LQ, f"--env={KU}"]) == ["--env-mix", LQ, f"--env-mix={KU}"]
 

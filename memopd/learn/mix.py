@@ -17,6 +17,7 @@ env seeds. An env is named in metrics and routes by its tag (the id after ``memg
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -62,15 +63,22 @@ def parse_env_spec(item: Any) -> EnvSpec:
     if not isinstance(item, str):
         raise ConfigError(f"--env {item!r}: expected NAME[:WEIGHT][,KEY=VALUE...] or a table")
     head, *opts = item.split(",")
-    name, _, weight = head.partition(":")
+    name, weight = split_weight(head)
     try:
-        w = float(weight) if weight else 1.0
         kwargs = parse_kwargs(opts, flag=f"--env {name}")
-    except ValueError:
-        raise ConfigError(f"--env {item}: weight {weight!r} is not a number (NAME:WEIGHT, e.g. {name}:2)") from None
     except CLIError as exc:
         raise ConfigError(f"{exc} (a spec is NAME[:WEIGHT][,KEY=VALUE...])") from None
-    return _checked(EnvSpec(name.strip(), w, kwargs))
+    return _checked(EnvSpec(name.strip(), weight, kwargs))
+
+
+def split_weight(head: str) -> tuple[str, float]:
+    """``NAME:2`` -> ``(NAME, 2.0)``; a name without a numeric suffix keeps weight 1
+    (``memgym:LongQA-v0`` is an env id with its namespace)."""
+    name, sep, weight = head.rpartition(":")
+    try:
+        return (name, float(weight)) if sep else (head, 1.0)
+    except ValueError:
+        return head, 1.0
 
 
 def _checked(spec: EnvSpec) -> EnvSpec:
@@ -80,8 +88,8 @@ def _checked(spec: EnvSpec) -> EnvSpec:
 
     if not spec.name:
         raise ConfigError("--env: an empty env id in the mix (NAME[:WEIGHT][,KEY=VALUE...])")
-    if isinstance(spec.weight, bool) or not isinstance(spec.weight, (int, float)) or not spec.weight > 0:
-        raise ConfigError(f"--env {spec.name}: weight {spec.weight!r} must be a number above 0")
+    if isinstance(spec.weight, bool) or not isinstance(spec.weight, (int, float)) or not 0 < spec.weight < math.inf:
+        raise ConfigError(f"--env {spec.name}: weight {spec.weight!r} must be a finite number above 0")
     try:
         name = memgym.resolve_id(spec.name)
     except memgym.UnknownEnvError as exc:
@@ -144,5 +152,5 @@ def episode_tags(cfg: CoreConfig) -> dict[str, str]:
     return {s.name: s.tag for s in env_mix(cfg)}
 
 
-__all__ = ["EnvSpec", "env_config", "env_configs", "env_mix", "shares", "env_tag", "episode_tags", "is_mix", "parse_env_spec", "parse_mix",
+__all__ = ["EnvSpec", "split_weight", "env_config", "env_configs", "env_mix", "shares", "env_tag", "episode_tags", "is_mix", "parse_env_spec", "parse_mix",
            "question_envs"]
