@@ -51,14 +51,15 @@ class ConfigError(ValueError):
 
 def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str], choices: Sequence[Any] | None = None,
           range: tuple[float | None, float | None] | None = None, default_factory: Any = dataclasses.MISSING,
-          names: Callable[[], Sequence[str]] | None = None, repeat: bool = False):
+          names: Callable[[], Sequence[str]] | None = None, repeat: bool = False,
+          table: Callable[[dict], list] | None = None):
     """A dataclass field with documentation and optional validation metadata; ``help`` may be a
     function, called when ``--help`` is printed (e.g. to list installed plugins). ``names``: the
     names an open-ended option knows (a registry's), shown as its metavar like ``choices`` but not
     enforced (the field checks its value itself). ``repeat`` (a list field): the flag is repeated,
-    one item per use (no comma split)."""
+    one item per use (no comma split); ``table``: how a TOML table given for the list becomes its items."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "range": range, "names": names,
-            "repeat": repeat}
+            "repeat": repeat, "table": table}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -165,7 +166,10 @@ def validate(cfg: Any) -> None:
     """Check types, choices and ranges declared on the fields (coercing an int to a float field)."""
     hints = get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
-        val = _check_type(f.name, hints[f.name], getattr(cfg, f.name))
+        val = getattr(cfg, f.name)
+        if isinstance(val, dict) and f.metadata.get("table") is not None:  # a TOML table for a list
+            val = f.metadata["table"](val)
+        val = _check_type(f.name, hints[f.name], val)
         object.__setattr__(cfg, f.name, val)
         if val is None:
             continue

@@ -62,6 +62,16 @@ def test_config_keeps_the_mix_and_names_the_first_env(tmp_path):
     toml.write_text(f'env_mix = ["{LQ}:2", {{ name = "{KU}", weight = 1, num_chunks = 3 }}]\n')
     cfg = cfgmod.parse_args(train.TrainConfig, ["--config", str(toml)], "t", "")
     assert env_mix(cfg) == [EnvSpec(LQ, 2.0, {}), EnvSpec(KU, 1.0, {"num_chunks": 3})]
+    toml.write_text(f'[env_mix]\n"{LQ}" = 2\n"{KU}" = {{ weight = 1, num_chunks = 3 }}\n'
+                    '[teacher_routes]\nmemory = "tiny-teacher"\n"KnowledgeUpdate-v0:answer" = "tiny-teacher-bpe1k"\n')
+    cfg = cfgmod.parse_args(train.TrainConfig, ["--config", str(toml), "--opd-estimator", "sampled"], "t", "")
+    assert env_mix(cfg) == [EnvSpec(LQ, 2.0, {}), EnvSpec(KU, 1.0, {"num_chunks": 3})]  # the TOML tables
+    assert route_table(cfg) == [Route("*", "memory", "tiny-teacher"),
+                                Route("KnowledgeUpdate-v0", "answer", "tiny-teacher-bpe1k")]
+    saved = tmp_path / "saved.toml"
+    cfgmod.save_toml(cfg, saved)  # config.toml keeps them as lists, read back the same
+    again = cfgmod.from_dict(train.TrainConfig, cfgmod.load_toml(saved))
+    assert again.env_mix == cfg.env_mix and again.teacher_routes == cfg.teacher_routes
     with pytest.raises(ConfigError, match="^--async-rollouts samples one env"):
         _cfg(tmp_path / "r4", "--async-rollouts")
     one = _cfg(tmp_path / "r3", mix=["--env", LQ])  # one plain --env: no mix, as before

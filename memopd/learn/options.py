@@ -37,13 +37,13 @@ class RunOptions:
                                       "(a stock vllm serve, e.g. http://127.0.0.1:8000/v1; see --teacher-model); "
                                       "'auto' = the tiny-teacher preset fine-tuned on oracle trajectories of --env "
                                       "(built and cached on first use)")
-    teacher_routes: list = field(default_factory=list, repeat=True,
+    teacher_routes: list = field(default_factory=list, repeat=True, table=lambda t: [f"{k}={v}" for k, v in t.items()],
                                  help="a teacher per env and per call role (memopd.learn.teachers.routing): one "
                                       "route per use, KEY=SPEC with KEY ENV:ROLE, ENV, memory, answer or * (ENV an "
                                       "env tag of the run, e.g. LongQA-v0) and SPEC any --teacher; a call goes to "
                                       "its most specific route, a call with none is unsupervised. --teacher "
-                                      "KEY=SPEC means this. In a TOML config: teacher_routes = [\"memory=URL\", "
-                                      "\"answer=tiny-teacher\"]")
+                                      "KEY=SPEC means this. In a TOML config: a table, teacher_routes = { memory = "
+                                      "\"URL\", answer = \"tiny-teacher\" } (or a list of KEY=SPEC)")
     student_warmup_steps: int = field(100, help="SFT steps on oracle trajectories before RL when --model is a "
                                                "tiny preset (learns the output format; 0 = start from --model as is)",
                                       range=(0, None))
@@ -69,12 +69,14 @@ class RolloutOptions:
                                help="agent constructor option (repeatable), e.g. answer_max_new_tokens=16; VALUE is "
                                     "read as a Python literal when it is one, else kept as a string. In a TOML "
                                     "config: a table, agent_kwargs = { answer_max_new_tokens = 16 }")
-    env_mix: list = field(default_factory=list, repeat=True,
+    env_mix: list = field(default_factory=list, repeat=True, table=lambda t: [
+                              {"name": k, **(v if isinstance(v, dict) else {"weight": v})} for k, v in t.items()],
                           help="several envs in one run (memopd.learn.mix): one env per use, NAME[:WEIGHT]"
                                "[,KEY=VALUE...] (weight 1 by default, its own env options over --env-kwarg); each "
                                "step draws its questions' envs by weight. --env given more than once, or with a "
-                               "weight, means this. In a TOML config: env_mix = [\"memgym/LongQA-v0:2\", "
-                               "{ name = \"memgym/KnowledgeUpdate-v0\", weight = 1, num_chunks = 6 }]")
+                               "weight, means this. In a TOML config: a table of weights or of tables, env_mix = "
+                               "{ \"memgym/LongQA-v0\" = 2, \"memgym/KnowledgeUpdate-v0\" = { weight = 1, "
+                               "num_chunks = 6 } }, or a list of specs")
     questions_per_step: int = field(8, help="questions per step (B)", range=(1, None))
     group_size: int = field(4, help="samples per question (G)", range=(1, None))
     rollout_envs: int = field(64, help="environments stepped in lockstep (model calls batched across them)",
