@@ -41,6 +41,10 @@ decoded with the run's own tokenizer (its final ``model/``, else the base model 
 ``--text`` fits the terminal's width: other columns are truncated, then dropped, before the
 prediction is.
 
+A run of several envs (``--env`` repeated) or of a routing table (``--teacher KEY=SPEC``) is split
+by env and by route: the curves of each env's F1 and KL and each route's supervised share
+(:func:`memopd.runlog.run_panels`), and the held-out line with each env's before and after.
+
 A source with no episodes (an empty file, a file of other JSON, a binary file, a directory
 without episodes) is an error, like a missing path or an unknown ``--episode``: the viewer
 prints ``error: <what, where, how to fix>`` on stderr and exits 2.
