@@ -191,6 +191,26 @@ def test_a_served_and_a_local_teacher_of_one_step_overlap(routed, cache):
     assert took < 1.8, took  # overlapped: about 1 s, where one after the other takes 2 s and more
 
 
+def test_a_step_with_no_routed_call_is_wholly_unsupervised(routed, cache):
+    """A mix's step may draw no question of a routed env: every action leaves the teacher mask, and
+    the scores still have the shapes the estimators read."""
+    from memopd.learn.teachers import LocalTeacher
+    from memopd.packing import pack_episodes
+
+    episodes, _, _, _, teachers = routed
+    _, tok = _teacher(1, cache)
+    lq = [e for e in episodes if e.task_id == LQ]
+    teacher = RoutedTeacher([Route("KnowledgeUpdate-v0", ANY, "A")], [LocalTeacher(teachers["A"], tok)], TAGS,
+                            reads=frozenset({"distribution", "topk", "sampled"}), topk=4, chunk=None,
+                            pack_tokens=1024, roles=ROLES, pad_token_id=0)
+    batch = pack_episodes(lq, 1024)
+    scores = teacher.score(lq, batch)
+    n, vocab = batch.num_actions, teachers["A"].get_output_embeddings().weight.shape[0]
+    assert not scores.supervised.any() and not batch.teacher.any()
+    assert scores.logp.shape == (n, vocab) and scores.top.ids.shape == (n, 4) and scores.sampled.shape == (n,)
+    assert torch.isfinite(scores.logp).all() and scores.metrics["teacher/unrouted_share"] == 1.0
+
+
 def _parse(*argv):
     return cfgmod.parse_args(train.TrainConfig, teacher_flags(train.env_flags(list(argv))), "t", "")
 

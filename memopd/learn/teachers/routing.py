@@ -247,10 +247,18 @@ class RoutedTeacher(Teacher):
             # the route's share of the step's action tokens (over a teacher's own share of its calls)
             share = float((supervised[idx] & part.batch.teacher.bool()).sum()) / max(1, n)
             metrics[f"teacher/{self.routes[r].label}/supervised_share"] = share
+        if logp is None and "distribution" in self.reads:  # no call of this step had a route
+            width = self._width()
+            logp = torch.full((n, width), -float(torch.log(torch.tensor(float(width)))))
         batch.teacher = batch.teacher & routed.to(batch.teacher.device)  # no route: no teacher
         metrics["teacher/unrouted_share"] = float((~routed).sum()) / max(1, n)
         return TeacherScores(top=TopK(top_ids, top_logp, project) if top_ids is not None else None, sampled=sampled,
                              supervised=supervised, metrics=metrics, logp=logp)
+
+    def _width(self) -> int:
+        """The vocabulary of the teachers' distributions (the full estimator's routes are local)."""
+        model = next(t.model for t in self.teachers if t.model is not None)
+        return int(model.get_output_embeddings().weight.shape[0])
 
     def evaluate(self, actor: Callable[[Any, Any], Any], log: Callable[[str], None]) -> dict[str, float] | None:
         """A routing table is not one agent: not evaluated as the run's agent."""
