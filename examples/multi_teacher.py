@@ -70,6 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/multi_teacher.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/multi-teacher", help="the study's directory (reused by a rerun)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated parts of {list(PARTS)}")
+    p.add_argument("--teachers", default=",".join(TEACHERS), help=f"comma-separated teachers of {list(TEACHERS)}")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated student arms of {list(ARMS)}")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated student seeds")
     p.add_argument("--threads", type=int, default=1)
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts = args.parts.split(",")
     rows = out / "rows"
     if "teachers" in parts:
-        for name in TEACHERS:
+        for name in args.teachers.split(","):
             cached(rows / f"teacher-{name}.json", lambda: teacher_cell(name, args))
             print(f"teacher {name}: done", flush=True)
     if "students" in parts:
