@@ -10,7 +10,8 @@ student). The teachers (``tiny-teacher-digits`` fine-tuned by ``memopd.sft``'s l
 trajectories, 32 episodes a step, each at the same compute of 500 steps but the specialists):
 
   LongQA, Counting  a specialist each: 250 steps on 1,000 trajectories of its task (the auto
-                    teacher's recipe), so the two together cost what one teacher of both costs;
+                    teacher's recipe, lr 3e-3 with a cosine decay, but a 10-step warm-up), so the
+                    two together cost what one teacher of both costs;
   both              the generalist: 500 steps on 1,000 trajectories of each task;
   memory, answer    500 steps on the same 2,000 trajectories with only their memory calls, or only
                     their answer calls (each call is its own state, so the other role's calls are
