@@ -51,12 +51,15 @@ class ConfigError(ValueError):
 
 def field(default: Any = dataclasses.MISSING, *, help: str | Callable[[], str], choices: Sequence[Any] | None = None,
           range: tuple[float | None, float | None] | None = None, default_factory: Any = dataclasses.MISSING,
-          names: Callable[[], Sequence[str]] | None = None):
+          names: Callable[[], Sequence[str]] | None = None, repeat: bool = False,
+          table: Callable[[dict], list] | None = None):
     """A dataclass field with documentation and optional validation metadata; ``help`` may be a
     function, called when ``--help`` is printed (e.g. to list installed plugins). ``names``: the
     names an open-ended option knows (a registry's), shown as its metavar like ``choices`` but not
-    enforced (the field checks its value itself)."""
-    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "range": range, "names": names}
+    enforced (the field checks its value itself). ``repeat`` (a list field): the flag is repeated,
+    one item per use (no comma split); ``table``: how a TOML table given for the list becomes its items."""
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "range": range, "names": names,
+            "repeat": repeat, "table": table}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -163,7 +166,10 @@ def validate(cfg: Any) -> None:
     """Check types, choices and ranges declared on the fields (coercing an int to a float field)."""
     hints = get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
-        val = _check_type(f.name, hints[f.name], getattr(cfg, f.name))
+        val = getattr(cfg, f.name)
+        if isinstance(val, dict) and f.metadata.get("table") is not None:  # a TOML table for a list
+            val = f.metadata["table"](val)
+        val = _check_type(f.name, hints[f.name], val)
         object.__setattr__(cfg, f.name, val)
         if val is None:
             continue
@@ -241,6 +247,9 @@ def changed_options(cfg: Any) -> str:
         elif isinstance(value, dict):
             out.extend(f"{kwarg_flag(f.name)} {k}={v!r}" for k, v in value.items())
         else:
+            if isinstance(value, (list, tuple)) and f.metadata.get("repeat"):  # one flag per item
+                out.extend(f"{_flag(f.name)} {v}" for v in value)
+                continue
             out.append(f"{_flag(f.name)} {','.join(map(str, value)) if isinstance(value, (list, tuple)) else value}")
     return " ".join(out) or "(the defaults)"
 
@@ -387,6 +396,9 @@ def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentPar
         elif base is dict:
             group.add_argument(kwarg_flag(f.name), dest=f.name, action="append", metavar="KEY=VALUE",
                                 default=argparse.SUPPRESS, help=text.replace("%", "%%"))
+        elif base is list and f.metadata.get("repeat"):
+            group.add_argument(_flag(f.name), dest=f.name, action="append", metavar=f.name.upper(),
+                                default=argparse.SUPPRESS, help=text.replace("%", "%%"))
         else:
             if default is not None and "default" not in text:  # said once, by the help itself if it does
                 text += f" (default: {default})"
@@ -432,7 +444,7 @@ def parse_known(cls: type[C], argv: Sequence[str] | None, prog: str, description
     given = set(ns) | set(values)
     for name, raw in ns.items():
         base = _plain(_base_type(hints[name])[0])
-        if base is bool:
+        if base is bool or (base is list and isinstance(raw, list)):  # a repeated flag: one item per use
             values[name] = raw
         elif base is dict:
             try:

@@ -25,6 +25,23 @@ PANELS = (
 )
 
 
+def run_panels(rows: Iterable[dict[str, Any]]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """:data:`PANELS`, and for a run of several envs (:mod:`memopd.learn.mix`) or a routing table
+    (:mod:`memopd.learn.teachers.routing`) the curves split by env and by route: each env's training
+    and held-out F1 (``env/TAG/f1``, ``eval/TAG/f1``) and KL (``env/TAG/kl``), each route's
+    supervised share (``teacher/ROUTE/supervised_share``)."""
+    keys = sorted({k for r in rows for k in r})
+    tags = [k[len("env/"):-len("/f1")] for k in keys if k.startswith("env/") and k.endswith("/f1")]
+    routes = [k for k in keys if k.startswith("teacher/") and k.endswith("/supervised_share") and k.count("/") == 2]
+    extra = []
+    if tags:
+        extra += [("F1 by env", tuple(k for t in tags for k in (f"env/{t}/f1", f"eval/{t}/f1"))),
+                  ("KL by env", tuple(f"env/{t}/kl" for t in tags))]
+    if routes:
+        extra.append(("supervised share by route", (*routes, "teacher/unrouted_share")))
+    return PANELS + tuple(extra)
+
+
 def mean(xs: Sequence[float]) -> float:
     """The mean of a step's values (NaN for none: a metric with nothing to average)."""
     return float(sum(xs) / len(xs)) if xs else float("nan")
@@ -159,8 +176,9 @@ def plot_curves(rows: Iterable[dict[str, Any]], out: str | Path, title: str = ""
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2))
-    for ax, (name, keys) in zip(axes, PANELS):
+    panels = run_panels(rows)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2))
+    for ax, (name, keys) in zip(axes, panels):
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
             if pts:

@@ -41,7 +41,9 @@ from memopd.learn.env_check import check_env, check_env_settings, needs_oracle
 from memopd.learn.models import MODEL_LR, TINY_LR, default_teacher_dir, ensure_teacher, resolve_defaults
 from memopd.learn import state
 from memopd.learn.options import CoreConfig, PluginOptions, config_slices
+from memopd.learn.mix import split_weight
 from memopd.learn.plugin import TrainingError
+from memopd.learn.teachers.routing import teacher_flags
 from memopd.learn.trainer import Trainer
 from memopd.plugins import BUILTIN_PLUGINS
 from memopd.runlog import LoggingSetupError, read_metrics
@@ -83,26 +85,36 @@ def prepare(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
 
 
 def task_defaults(cfg: TrainConfig, explicit: set[str] = frozenset()) -> TrainConfig:
-    """The task folder's recommended settings (its task.toml ``[train]`` table) for the options not
-    given: a task whose default student needs e.g. a longer warm start says so once, where the task
-    is defined, and every other task's run is unchanged."""
+    """The task folders' recommended settings (their task.toml ``[train]`` tables) for the options
+    not given: a task whose default student needs e.g. a longer warm start says so once, where the
+    task is defined, and every other task's run is unchanged. A mix of envs takes every task's table;
+    two tasks that recommend different values for one option not given are refused (give it)."""
     from memgym.errors import UnknownEnvError
     from memgym.registry import TASKS, resolve_id
+    from memopd.learn.mix import env_mix
 
-    try:
-        spec = TASKS[resolve_id(cfg.env)]
-    except (KeyError, UnknownEnvError):
-        return cfg  # not a task folder's env (check_env has accepted it): nothing recommended
     names = {f.name for f in dataclasses.fields(cfg)}
-    for key in spec.train:
-        if key not in names:
-            raise ConfigError(f"{spec.config_path}: key 'train.{key}': not a memopd.train option (see python -m "
-                              "memopd.train --help)")
-    recommended = {k: v for k, v in spec.train.items() if k not in explicit}
+    recommended: dict[str, object] = {}
+    source: dict[str, str] = {}
+    for env in dict.fromkeys(spec.name for spec in env_mix(cfg)):
+        try:
+            task = TASKS[resolve_id(env)]
+        except (KeyError, UnknownEnvError):
+            continue  # not a task folder's env (check_env has accepted it): nothing recommended
+        for key, value in task.train.items():
+            if key not in names:
+                raise ConfigError(f"{task.config_path}: key 'train.{key}': not a memopd.train option (see python -m "
+                                  "memopd.train --help)")
+            if key in explicit:
+                continue
+            if key in recommended and recommended[key] != value:
+                raise ConfigError(f"the mix's tasks recommend different values for '{key}' ({source[key]}: "
+                                  f"{recommended[key]!r}, {task.config_path}: {value!r}): give --{key.replace('_', '-')}")
+            recommended[key], source[key] = value, str(task.config_path)
     if not recommended:
         return cfg
     values = {**cfgmod.to_dict(cfg), **recommended}
-    return cfgmod.from_dict(TrainConfig, values, source=f"{spec.config_path} [train]")
+    return cfgmod.from_dict(TrainConfig, values, source=" and ".join(f"{p} [train]" for p in dict.fromkeys(source.values())))
 
 
 def _resume_after_restart(cfg: TrainConfig) -> TrainConfig:
@@ -124,13 +136,29 @@ def interrupted(cfg: TrainConfig) -> str:
             "auto teacher resumes where it stopped)")
 
 
+def env_flags(argv: Sequence[str]) -> list[str]:
+    """``--env`` given more than once, or with a weight or options of its own (``NAME:2``,
+    ``NAME,num_chunks=6``; ``memgym:LongQA-v0`` is a name), is the mix: each use becomes ``--env-mix`` (:mod:`memopd.learn.mix`).
+    One plain ``--env`` is left as is."""
+    argv = list(argv)
+    at = [i for i, a in enumerate(argv[:-1]) if a == "--env"]
+    values = [argv[i + 1] for i in at] + [a.split("=", 1)[1] for a in argv if a.startswith("--env=")]
+    if len(values) < 2 and not any("," in v or split_weight(v)[0] != v for v in values):
+        return argv
+    out: list[str] = []
+    for a in argv:
+        out.append("--env-mix" if a == "--env" else "--env-mix=" + a[6:] if a.startswith("--env=") else a)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: bad input prints ``error: ...`` and exits 2; a run stopped by non-finite losses
     exits 1."""
     from agents.models import ModelLoadError
 
     def _main() -> int:
-        cfg, given = cfgmod.parse_known(TrainConfig, argv, "python -m memopd.train", __doc__)
+        cfg, given = cfgmod.parse_known(TrainConfig, teacher_flags(env_flags(sys.argv[1:] if argv is None else argv)),
+                                        "python -m memopd.train", __doc__)
         cfg = _resume_after_restart(cfg)
         if not cfg.resume:
             check_env(cfg.env)

@@ -41,6 +41,10 @@ decoded with the run's own tokenizer (its final ``model/``, else the base model 
 ``--text`` fits the terminal's width: other columns are truncated, then dropped, before the
 prediction is.
 
+A run of several envs (``--env`` repeated) or of a routing table (``--teacher KEY=SPEC``) is split
+by env and by route: the curves of each env's F1 and KL and each route's supervised share
+(:func:`memopd.runlog.run_panels`), and the held-out line with each env's before and after.
+
 A source with no episodes (an empty file, a file of other JSON, a binary file, a directory
 without episodes) is an error, like a missing path or an unknown ``--episode``: the viewer
 prints ``error: <what, where, how to fix>`` on stderr and exits 2.
@@ -66,7 +70,7 @@ from typing import Any, Sequence
 from agents.records import Episode, Invocation, load_episodes
 from memgym.cli import describe, run_main
 from memgym.scoring import METRICS, normalize_answer, score_answer
-from memopd.runlog import PANELS, read_metrics
+from memopd.runlog import read_metrics, run_panels
 
 EXIT_OK, EXIT_ERROR = 0, 2
 PAGE_SIZE = 100  # index rows per page in the HTML report
@@ -482,7 +486,7 @@ def report_data(src: Source, tokenizer: Any = None, failures_only: bool = False,
                    "f1": _mean([r["f1"] for r in rows if r["step"] == s])} for s in steps],
         "errors": src.errors,
         "metrics": src.metrics,
-        "panels": [{"title": t, "keys": list(k)} for t, k in PANELS],
+        "panels": [{"title": t, "keys": list(k)} for t, k in run_panels(src.metrics)],
         "summary": src.summary,
         "heldout": heldout_line(src),
         "config": src.config_text,
@@ -568,7 +572,11 @@ def heldout_line(src: Source) -> str | None:
         n = _tomllib().loads(src.config_text or "").get("eval_episodes")
     except ValueError:  # TOMLDecodeError: a hand-edited config; the line goes without the count
         pass
-    return f"held-out F1 {start}{after['f1']:.3f}" + (f" ({n} test episodes)" if isinstance(n, int) else "")
+    tags = [k[: -len("/f1")] for k in after if k.endswith("/f1")]  # a run of several envs: each env's too
+    each = ", ".join(f"{t} " + (f"{before[t + '/f1']:.3f} -> " if isinstance(before, dict) and t + "/f1" in before
+                                else "") + f"{after[t + '/f1']:.3f}" for t in tags)
+    count = f" ({n} test episodes{' of each env' if tags else ''})" if isinstance(n, int) else ""
+    return f"held-out F1 {start}{after['f1']:.3f}" + count + (f"; by env: {each}" if tags else "")
 
 
 def find_episode(src: Source, key: str | int) -> int:
@@ -609,7 +617,7 @@ def print_text(src: Source, console: Any = None, episode: str | int | None = Non
         console.print(Text(line, style="yellow"))
     if src.metrics:
         last = src.metrics[-1]
-        keys = [k for _, ks in PANELS for k in ks if last.get(k) is not None]
+        keys = [k for _, ks in run_panels(src.metrics) for k in ks if last.get(k) is not None]
         console.print(Text(f"last logged step {last['step']}: " + ", ".join(f"{k}={last[k]:.4g}" for k in keys)))
 
     rows = [(i, episode_row(src.episodes[i], i, src.steps[i])) for i in picked[:limit]]

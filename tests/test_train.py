@@ -506,3 +506,31 @@ def test_a_tasks_train_table_fills_the_options_not_given(tmp_path):
             train.prepare(train.TrainConfig(env="memgym/TrainRec-v0", run_dir=str(tmp_path / "r")))
     finally:
         registry.TASKS.pop("memgym/TrainRec-v0", None)
+
+
+def test_a_mix_takes_every_tasks_train_table_and_refuses_a_disagreement(tmp_path):
+    """With several envs, each task's [train] table applies; two tables that disagree on an option
+    not given are one clear error naming both, and the flag given settles it."""
+    import memgym.registry as registry
+
+    for name, warm in (("MixRecA", 7), ("MixRecB", 9)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "task.toml").write_text(f'name = "{name}"\nsource = "memgym.generators.knowledge_update:make_source"\n'
+                                          f'[train]\nstudent_warmup_steps = {warm}\n')
+    registry.register_tasks([tmp_path])
+    run = str(tmp_path / "r")
+    try:
+        one = train.prepare(train.TrainConfig(env="memgym/LongQA-v0", env_mix=["memgym/LongQA-v0", "memgym/MixRecA-v0"],
+                                              run_dir=run))
+        assert one.student_warmup_steps == 7
+        both = ["memgym/MixRecA-v0", "memgym/MixRecB-v0"]
+        with pytest.raises(train.cfgmod.ConfigError, match=r"recommend different values for 'student_warmup_steps'.*"
+                                                           r"MixRecA.*7.*MixRecB.*9.*give --student-warmup-steps"):
+            train.prepare(train.TrainConfig(env="memgym/MixRecA-v0", env_mix=both, run_dir=run))
+        given = train.prepare(train.TrainConfig(env="memgym/MixRecA-v0", env_mix=both, run_dir=run,
+                                                student_warmup_steps=3), explicit={"student_warmup_steps"})
+        assert given.student_warmup_steps == 3
+    finally:
+        for name in ("MixRecA", "MixRecB"):
+            registry.TASKS.pop(f"memgym/{name}-v0", None)

@@ -2,8 +2,11 @@
 envs, through a backend made by :func:`agents.backends.factory.make_backend`, and checks that its
 records carry what the learner needs.
 
-Every training step has its own seeds (``seed * 1_000_003 + step * B + first question``), so a
-resumed run replays exactly what it would have done; held-out episode g has seed 10_000 + g.
+Every training step has its own seeds (``seed * 1_000_003 + step * B + question``), so a
+resumed run replays exactly what it would have done; held-out episode g has seed 10_000 + g. With
+several envs (:mod:`memopd.learn.mix`) each question's env is drawn by weight from the seed and the
+step, the questions are grouped by env, and each env has its own pool of envs and its own held-out
+episodes (``--eval-episodes`` of each).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Sequence
 from agents.records import Episode
 from memopd import distributed
 from memopd.config import ConfigError
+from memopd.learn.mix import EnvSpec, env_mix, question_envs
 
 # CoreConfig (memopd.learn.options) names the run's core options in the annotations; it is not imported,
 # even for type checkers, because options imports this module (an import cycle otherwise).
@@ -79,19 +83,23 @@ class Actor:
                                         device=cfg.device, seed=cfg.seed)
         except VLLMUnsupportedError as exc:
             raise ConfigError(f"--backend vllm: {exc}") from None
-        self.train_envs = self._envs("train", cfg.questions_per_step * cfg.group_size, tokenizer) if envs else []
-        self.test_envs = self._envs("test", cfg.eval_episodes, tokenizer) if envs else []
+        self.mix = env_mix(cfg)  # one env, or several (--env repeated): a pool of envs each
+        self.train_pools = [self._envs(s, "train", cfg.questions_per_step * cfg.group_size, tokenizer) if envs else []
+                            for s in self.mix]
+        self.test_pools = [self._envs(s, "test", cfg.eval_episodes, tokenizer) if envs else [] for s in self.mix]
+        self.train_envs, self.test_envs = self.train_pools[0], self.test_pools[0]
 
-    def _envs(self, split: str, n: int, tokenizer: Any) -> list[Any]:
+    def _envs(self, spec: EnvSpec, split: str, n: int, tokenizer: Any) -> list[Any]:
         import gymnasium as gym
 
         import memgym  # noqa: F401  (registers the envs)
 
+        kwargs = {**self.cfg.env_kwargs, **spec.kwargs}
         try:
-            envs = [gym.make(self.cfg.env, split=split, **{**self.cfg.env_kwargs, "tokenizer": tokenizer})
+            envs = [gym.make(spec.name, split=split, **{**kwargs, "tokenizer": tokenizer})
                     for _ in range(min(self.cfg.rollout_envs, n))]
         except (TypeError, ValueError, KeyError) as exc:  # env options are user input
-            raise ConfigError(f"--env-kwarg: {self.cfg.env} refused {self.cfg.env_kwargs}: {exc}") from None
+            raise ConfigError(f"--env-kwarg: {spec.name} refused {kwargs}: {exc}") from None
         spec = getattr(self.cfg, "memory_perturbation", None)
         if spec and split == "train":  # the perturbed-memory control: training states imitation never shows
             from memgym.perturb import MemoryPerturbation
@@ -132,9 +140,9 @@ class Actor:
         self.backend.policy_version = version
 
     def sample(self, base_seed: int, count: int, run_id: str, limits: RolloutLimits = RolloutLimits(),
-               version: int | None = None) -> list[Episode]:
-        """``count`` questions x G samples from env seed ``base_seed`` on, checked; an engine gets the
-        student's current weights first and may sleep after."""
+               version: int | None = None, env: int = 0) -> list[Episode]:
+        """``count`` questions x G samples of the mix's env ``env`` from env seed ``base_seed`` on,
+        checked; an engine gets the student's current weights first and may sleep after."""
         from agents.rollout import rollout
 
         if version is not None:
@@ -143,7 +151,7 @@ class Actor:
         self._sync()
         self.backend.record_topk = limits.record_topk
         try:
-            episodes = rollout(self.train_envs, self.agent(), count * self.cfg.group_size,
+            episodes = rollout(self.train_pools[env], self.agent(), count * self.cfg.group_size,
                                group_size=self.cfg.group_size, seed=base_seed, progress=False, run_id=run_id,
                                max_calls=limits.max_calls)
         finally:
@@ -162,35 +170,62 @@ class Actor:
             if not 0 < limits.draw < MAX_DRAWS:
                 raise ValueError(f"draw {limits.draw} out of range: 1..{MAX_DRAWS - 1}")
             seed_step = EXTRA_DRAW_STEPS + seed_step * MAX_DRAWS + limits.draw
-        base = self.cfg.seed * SEED_STRIDE + seed_step * self.cfg.questions_per_step + first
+        base = self.cfg.seed * SEED_STRIDE + seed_step * self.cfg.questions_per_step
         t0 = time.perf_counter()
-        tag = f"step{step}" + (f"-draw{limits.draw}" if limits.draw else "")
-        mine = self.sample(base, count, f"{tag}{self.run_tag}", limits, version=max(step, 0))
+        step_tag = f"step{step}" + (f"-draw{limits.draw}" if limits.draw else "")
+        mine: list[Episode] = []
+        for env, (start, n) in self.plan(seed_step, first, count):  # one env: the step's questions whole
+            tag = f"-{self.mix[env].tag}" if len(self.mix) > 1 else ""
+            mine += self.sample(base + start, n, f"{step_tag}{self.run_tag}{tag}", limits, version=max(step, 0),
+                                env=env)
         return Rollout(distributed.gather_episodes(mine, self.world), seconds=time.perf_counter() - t0)
 
-    def heldout_episodes(self) -> list[Episode]:
-        """This rank's share of the held-out evaluation: greedy episodes on the test split (test
-        episode g has seed 10_000 + g), checked against the learner's contract."""
+    def plan(self, seed_step: int, first: int, count: int) -> list[tuple[int, tuple[int, int]]]:
+        """This rank's questions ``[first, first + count)`` of a step, as runs of one env each:
+        ``(env, (first question, count))`` (:func:`memopd.learn.mix.question_envs`)."""
+        envs = question_envs(self.cfg.seed, seed_step, self.cfg.questions_per_step, [s.weight for s in self.mix])
+        runs: list[tuple[int, tuple[int, int]]] = []
+        for q in range(first, first + count):
+            if runs and runs[-1][0] == envs[q]:
+                runs[-1] = (envs[q], (runs[-1][1][0], runs[-1][1][1] + 1))
+            else:
+                runs.append((envs[q], (q, 1)))
+        return runs
+
+    def heldout_episodes(self, env: int = 0) -> list[Episode]:
+        """This rank's share of the held-out evaluation of the mix's env ``env``: greedy episodes on
+        its test split (test episode g has seed 10_000 + g), checked against the learner's contract."""
         from agents.rollout import rollout
 
         first, count = distributed.question_share(self.cfg.eval_episodes, self.world)
         self._sync()
         try:
-            eps = rollout(self.test_envs, self.agent(True, 0), count, seed=EVAL_SEED + first,
-                          progress=self.cfg.progress, run_id="eval")
+            eps = rollout(self.test_pools[env], self.agent(True, 0), count, seed=EVAL_SEED + first,
+                          progress=self.cfg.progress, run_id="eval" if len(self.mix) == 1 else f"eval-{self.mix[env].tag}")
         finally:
             self.backend.sleep()
         self.check(eps)
         return eps
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out EM, F1, sub-EM and generated tokens per episode, over every rank's share."""
+        """Held-out EM, F1, sub-EM and generated tokens per episode, over every rank's share. With a
+        mix, ``--eval-episodes`` of each env: the figures over all of them, and each env's as
+        ``TAG/f1`` (...)."""
         from memgym.scoring import aggregate
 
-        eps = self.heldout_episodes()
-        mine = [{**e.metrics, "gen_tokens": sum(len(i.response_ids) for i in e.invocations)} for e in eps]
-        agg = aggregate([m for part in distributed.gather_objects(mine, self.world) for m in part])
-        return {k: float(agg.get(k, 0.0)) for k in ("em", "f1", "sub_em", "gen_tokens")}
+        keys = ("em", "f1", "sub_em", "gen_tokens")
+        out: dict[str, float] = {}
+        every: list[dict[str, float]] = []
+        for env, spec in enumerate(self.mix):
+            eps = self.heldout_episodes(env)
+            mine = [{**e.metrics, "gen_tokens": sum(len(i.response_ids) for i in e.invocations)} for e in eps]
+            figures = [m for part in distributed.gather_objects(mine, self.world) for m in part]
+            every += figures
+            if len(self.mix) > 1:
+                agg = aggregate(figures)
+                out.update({f"{spec.tag}/{k}": float(agg.get(k, 0.0)) for k in keys})
+        agg = aggregate(every)
+        return {**{k: float(agg.get(k, 0.0)) for k in keys}, **out}
 
     def _sync(self) -> None:
         """An engine samples the student's current weights: woken if asleep, then the weights are

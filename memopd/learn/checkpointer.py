@@ -21,6 +21,7 @@ from agents.run_layout import RUN_CONFIG
 from memopd import checkpoint, distributed
 from memopd import config as cfgmod
 from memopd.config import ConfigError
+from memopd.learn.mix import env_mix
 from memopd.learn.state import TrainState
 from memopd.learn.student import Student
 from memopd.learn.update import PPOUpdate
@@ -147,7 +148,7 @@ class Checkpointer:
     def plot(self) -> None:
         if self.world.is_main:
             plot_curves(read_metrics(self.run_dir), self.run_dir / "curves.png",
-                        title=f"{self.cfg.env}  {self.run_dir.name}")
+                        title=f"{' + '.join(s.name for s in env_mix(self.cfg))}  {self.run_dir.name}")
 
     def close(self) -> None:
         self.logger.close()

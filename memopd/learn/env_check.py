@@ -27,7 +27,8 @@ def needs_oracle(cfg: CoreConfig) -> bool:
     from agents.presets import TINY_PRESETS
 
     warm = cfg.student_warmup_steps > 0 and cfg.model in TINY_PRESETS and not cfg.resume
-    return warm or (cfg.teacher == "auto" and cfg.opd_coef > 0)
+    auto = cfg.teacher == "auto" or any(str(r).endswith("=auto") for r in getattr(cfg, "teacher_routes", ()))
+    return warm or (auto and cfg.opd_coef > 0)
 
 
 class OracleDataError(ValueError):

@@ -76,7 +76,11 @@ def warm_start_student(model: torch.nn.Module, tokenizer: Any, cfg: CoreConfig, 
     from memopd.sft import SFTConfig, oracle_episodes, train_sft
 
     log(f"student: warm start, {cfg.student_warmup_steps} SFT steps on oracle trajectories")
-    eps = oracle_episodes(cfg.env, cfg.env_kwargs, tokenizer, 1000, seed=cfg.seed + 2, progress=False)
+    from memopd.learn.mix import env_configs, env_mix, shares
+
+    each = env_configs(cfg)  # a mix: 1,000 episodes split over its envs by weight
+    eps = [e for c, n in zip(each, shares(1000, [s.weight for s in env_mix(cfg)]))
+           for e in oracle_episodes(c.env, c.env_kwargs, tokenizer, n, seed=cfg.seed + 2, progress=False)]
     sft_cfg = SFTConfig(steps=cfg.student_warmup_steps, batch_episodes=32, lr=3e-3, warmup_steps=10,
                         seed=cfg.seed + 2)
     train_sft(model, eps, sft_cfg, pad_token_id=pad_id(tokenizer), progress=cfg.progress)

@@ -86,6 +86,39 @@ class Evaluation(Observer):
         self.log(f"{what}: F1 {figures['f1']:.3f}  EM {figures['em']:.3f}  ({self.cfg.eval_episodes} test episodes)")
 
 
+class EnvMetrics(Observer):
+    """With several envs (:mod:`memopd.learn.mix`): each env's share of the step, as
+    ``env/TAG/reward``, ``env/TAG/f1``, ``env/TAG/episodes`` (the episodes that ran to their answer
+    count in the first two, as in ``reward`` and ``f1``) and ``env/TAG/kl`` (the mean divergence
+    to the teacher over its supervised action tokens; every rank's)."""
+
+    def __init__(self, cfg: CoreConfig, world: distributed.World):
+        from memopd.learn.mix import episode_tags
+
+        self.cfg, self.world, self.tags = cfg, world, episode_tags(cfg)
+
+    def after_update(self, result: StepResult) -> dict[str, Any]:
+        from memopd.learn.advantage import episode_rewards
+
+        kind = self.cfg.reward if self.cfg.reward != "none" else "f1"
+        out: dict[str, Any] = {}
+        kl: dict[str, list[float]] = {t: [0.0, 0.0] for t in self.tags.values()}
+        for (e, _, _), v in zip(result.batch.token_map.tolist(), result.token_kl.tolist()):
+            tag = self.tags.get(result.episodes[result.own[e]].task_id)
+            if tag is not None and math.isfinite(v):
+                kl[tag][0] += v
+                kl[tag][1] += 1
+        for tag in self.tags.values():
+            eps = [ep for ep in result.episodes if self.tags.get(ep.task_id) == tag]
+            done = [ep for ep in eps if ep.cut is None]
+            total, count = distributed.all_sum(kl[tag], self.world)
+            out[f"env/{tag}/episodes"] = len(eps)
+            out[f"env/{tag}/reward"] = float(episode_rewards(done, kind).mean()) if done else float("nan")
+            out[f"env/{tag}/f1"] = sum(ep.metrics.get("f1", 0.0) for ep in done) / len(done) if done else float("nan")
+            out[f"env/{tag}/kl"] = total / count if count else float("nan")
+        return out
+
+
 class Audit(Observer):
     """Rollout Context Equivalence (``--audit-every``): the packed log-probs of 4 of the step's
     episodes against each call alone (:class:`memopd.audit.RCEAuditHook`), on rank 0."""
@@ -146,10 +179,12 @@ def observers(cfg: CoreConfig, world: distributed.World, evaluation: Evaluation,
     """The run's observers, in the order they act (the sample episodes, the evaluation, the audit,
     the export); ``run``: what holds the run directory (``run.run_dir``, the checkpointer)."""
     out: list[Observer] = [SampleDump(cfg, world, run, distilled)] if cfg.sample_episodes else []
+    if cfg.env_mix:
+        out.append(EnvMetrics(cfg, world))
     out.append(evaluation)
     if cfg.audit_every:
         out.append(Audit(cfg, world, student.twin))
     return out + [Export(student, run, tokenizer)]
 
 
-__all__ = ["Audit", "Evaluation", "Export", "Observer", "SampleDump", "observers"]
+__all__ = ["Audit", "EnvMetrics", "Evaluation", "Export", "Observer", "SampleDump", "observers"]

@@ -17,12 +17,14 @@ from memopd import distributed, losses
 from memopd.config import Config, ConfigError, TrainingOptions, field
 from memopd.learn.estimators import BUILTIN, OPTION_SLICES, REGISTRY, SampledOptions, TopKOptions, estimator_options
 from memopd.learn.registry import SpecError
+from memopd.learn.mix import parse_mix
 from memopd.learn.models import MODEL_LR, TINY_LR
 from memopd.learn.plugin import (Plugin, PluginSpecError, check_plugin_kwargs, plugin_options, resolve_plugin,
                                  select_plugins)
 from memopd.learn.policy_loss import PolicyLossOptions
 from memopd.learn.rewards import RewardShapingOptions
 from memopd.learn.teachers import check_served, run_needs
+from memopd.learn.teachers.routing import route_table
 from memopd.learn.teachers.served import ServedTeacherOptions
 from memopd.lora import LoRAOptions
 
@@ -37,6 +39,13 @@ class RunOptions:
                                       "(a stock vllm serve, e.g. http://127.0.0.1:8000/v1; see --teacher-model); "
                                       "'auto' = the tiny-teacher preset fine-tuned on oracle trajectories of --env "
                                       "(built and cached on first use)")
+    teacher_routes: list = field(default_factory=list, repeat=True, table=lambda t: [f"{k}={v}" for k, v in t.items()],
+                                 help="a teacher per env and per call role (memopd.learn.teachers.routing): one "
+                                      "route per use, KEY=SPEC with KEY ENV:ROLE, ENV, memory, answer or * (ENV an "
+                                      "env tag of the run, e.g. LongQA-v0) and SPEC any --teacher; a call goes to "
+                                      "its most specific route, a call with none is unsupervised. --teacher "
+                                      "KEY=SPEC means this. In a TOML config: a table, teacher_routes = { memory = "
+                                      "\"URL\", answer = \"tiny-teacher\" } (or a list of KEY=SPEC)")
     student_warmup_steps: int = field(100, help="SFT steps on oracle trajectories before RL when --model is a "
                                                "tiny preset (learns the output format; 0 = start from --model as is)",
                                       range=(0, None))
@@ -62,6 +71,14 @@ class RolloutOptions:
                                help="agent constructor option (repeatable), e.g. answer_max_new_tokens=16; VALUE is "
                                     "read as a Python literal when it is one, else kept as a string. In a TOML "
                                     "config: a table, agent_kwargs = { answer_max_new_tokens = 16 }")
+    env_mix: list = field(default_factory=list, repeat=True, table=lambda t: [
+                              {"name": k, **(v if isinstance(v, dict) else {"weight": v})} for k, v in t.items()],
+                          help="several envs in one run (memopd.learn.mix): one env per use, NAME[:WEIGHT]"
+                               "[,KEY=VALUE...] (weight 1 by default, its own env options over --env-kwarg); each "
+                               "step draws its questions' envs by weight. --env given more than once, or with a "
+                               "weight, means this. In a TOML config: a table of weights or of tables, env_mix = "
+                               "{ \"memgym/LongQA-v0\" = 2, \"memgym/KnowledgeUpdate-v0\" = { weight = 1, "
+                               "num_chunks = 6 } }, or a list of specs")
     questions_per_step: int = field(8, help="questions per step (B)", range=(1, None))
     group_size: int = field(4, help="samples per question (G)", range=(1, None))
     rollout_envs: int = field(64, help="environments stepped in lockstep (model calls batched across them)",
@@ -95,6 +112,10 @@ class RolloutOptions:
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
         self._check_agent()
+        if self.env_mix:  # kept as canonical specs; --env names the first env (run directory, checks)
+            specs = parse_mix(self.env_mix)
+            self.env_mix = [s.text() for s in specs]
+            self.env = specs[0].name  # type: ignore[attr-defined]
         if self.memory_perturbation is not None:
             from memgym.perturb import parse_spec
 
@@ -307,6 +328,10 @@ class PluginOptions(Config):
             raise ConfigError(str(exc)) from None
         if isinstance(self, CoreConfig):
             chosen = select_plugins(type(self).builtin_plugins, self)
+            reading = [c.name for c, _ in chosen if c.teacher_needs]
+            if self.opd_coef > 0 and reading and route_table(self):
+                raise ConfigError(f"--{reading[0].replace('_', '-')} reads one teacher's states, and this run routes its calls to "
+                                  "several (--teacher KEY=SPEC); use one --teacher with it")
             check_served(self, run_needs(self, [c for c, _ in chosen], distributed.launched_size()))
 
 

@@ -29,6 +29,7 @@ from memopd.learn.advantage import Advantages, compute_advantages, role_masks, s
 from memopd.learn.checkpointer import Checkpointer
 from memopd.learn.env_check import check_env, check_env_settings
 from memopd.learn.estimators import TeacherScores, make_estimator
+from memopd.learn.mix import env_configs
 from memopd.learn.models import pad_id, resolve_defaults, resolve_memory_defaults, warm_start_student
 from memopd.learn.observers import Evaluation, observers
 from memopd.learn.options import CoreConfig, core_config
@@ -56,12 +57,14 @@ class Trainer:
         self.world, cfg, log = join_world(cfg, log)
         self.cfg, self.log = cfg, log
         torch.manual_seed(cfg.seed)
-        check_env(cfg.env)
+        for each in env_configs(cfg):  # every env of the mix
+            check_env(each.env)
         check_mirrors(cfg.tensorboard, cfg.wandb_project)
         model, self.tokenizer = load(cfg.model, device=cfg.device)
         cfg = self.cfg = resolve_memory_defaults(cfg, model, distributed.launched_size())
         prepare_model(model, cfg)
-        check_env_settings(cfg, self.tokenizer)
+        for each in env_configs(cfg):
+            check_env_settings(each, self.tokenizer)
         self.estimator = make_estimator(cfg)
         self.chosen = select_plugins(getattr(type(cfg), "builtin_plugins", ()), cfg)  # plugins and their options
         needs = run_needs(cfg, [c for c, _ in self.chosen], self.world.size)  # of the teacher: checked as it loads

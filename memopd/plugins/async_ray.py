@@ -539,12 +539,14 @@ class AsyncRollouts(Plugin):
 
     @classmethod
     def check(cls, options: AsyncOptions, cfg: CoreConfig) -> None:
-        """One learner process, workers on transformers, and Ray installed."""
+        """One learner process, one env, workers on transformers, and Ray installed."""
         if distributed.launched_size() > 1:
             raise ConfigError("--async-rollouts runs in one learner process in this version, not under torchrun")
         if cfg.backend != "hf":
             raise ConfigError(f"--async-rollouts: the rollout workers sample with transformers (--backend hf), "
                               f"not --backend {cfg.backend}")
+        if cfg.env_mix:  # a worker's units are questions of one env
+            raise ConfigError("--async-rollouts samples one env in this version; give one --env")
         if not ray_available():
             raise ConfigError(f"--async-rollouts needs Ray, which is not installed: {RAY_HINT}")
 

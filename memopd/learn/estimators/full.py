@@ -32,7 +32,8 @@ class FullEstimator(Estimator):
         return self.divergence
 
     def prepare(self, scores: TeacherScores, batch: PackedBatch) -> TeacherScores:
-        scores.logp = teacher_logprobs(scores.states, self.cfg)
+        if scores.logp is None:  # a routing table's scores come with their distribution (several heads)
+            scores.logp = teacher_logprobs(scores.states, self.cfg)
         return scores
 
     def terms(self, states: ActionStates, mb: PackedBatch, scores: TeacherScores) -> Terms:

@@ -4,6 +4,7 @@ declares what it provides:
     local.py            whole weights in this process; FSDP2-sharded under torchrun
     other_tokenizer.py  whole weights, another tokenizer (scored in its own tokens)
     served.py           a stock vllm serve behind a URL (top-k and sampled-token log-probs)
+    routing.py          a teacher per env and per call role (--teacher KEY=SPEC), any kind in any slot
 
 :func:`load_teacher` picks the kind from ``--teacher`` (a URL, or a model whose tokenizer differs
 from the student's) and ``--teacher-parallel``, checks the run's needs against what that kind
@@ -18,11 +19,12 @@ from typing import Any, Callable, Sequence
 
 from memopd import distributed
 from memopd.learn.estimators import estimator_needs
-from memopd.learn.models import default_teacher_dir, ensure_teacher
+from memopd.learn.models import default_teacher_dir, ensure_teacher, pad_id
 from memopd.learn.needs import Need, check_needs
 from memopd.learn.teachers.base import Teacher
 from memopd.learn.teachers.local import LocalTeacher, ShardedTeacher
 from memopd.learn.teachers.other_tokenizer import CrossTokenizerTeacher
+from memopd.learn.teachers.routing import Route, RoutedTeacher, load_routed, route_table
 from memopd.learn.teachers.served import RemoteTeacher, RemoteTeacherError, ServedTeacherOptions, is_url
 from memopd.retokenize import same_tokenizer
 
@@ -58,9 +60,25 @@ def run_needs(cfg: CoreConfig, plugins: Sequence[Any], ranks: int) -> list[Need]
 
 def check_served(cfg: CoreConfig, needs: Sequence[Need]) -> None:
     """A served teacher's kind is known from ``--teacher`` alone: its check runs when the config is
-    made, before any model loads or the server is contacted."""
-    if cfg.opd_coef > 0 and is_url(cfg.teacher):
+    made, before any model loads or the server is contacted; so do a routing table's checks of its
+    own (:func:`check_routes`) and of each served route."""
+    if cfg.opd_coef <= 0:
+        return
+    routes = route_table(cfg)
+    if routes:
+        check_routes(cfg, routes, needs)
+        for r in routes:
+            if is_url(r.spec):
+                check_needs(RemoteTeacher, r.text(), needs)
+    elif is_url(cfg.teacher):
         check_needs(RemoteTeacher, cfg.teacher, needs)
+
+
+def check_routes(cfg: CoreConfig, routes: Sequence[Route], needs: Sequence[Need]) -> None:
+    """What a routing table cannot do, whatever its teachers: the persistent control (a call's
+    route is its own state) and the sharded teacher; each route's teacher is checked as it loads."""
+    own = [n for n in needs if n.capability in ("persistent", "sharded")]
+    check_needs(RoutedTeacher, " ".join(f"--teacher {r.text()}" for r in routes)[len("--teacher "):], own)
 
 
 def load_teacher(cfg: CoreConfig, student_tokenizer: Any, world: distributed.World, needs: Sequence[Need], topk: int = 0,
@@ -73,6 +91,12 @@ def load_teacher(cfg: CoreConfig, student_tokenizer: Any, world: distributed.Wor
 
     if cfg.opd_coef <= 0:
         return None
+    routes = route_table(cfg)
+    if routes:  # a teacher per env and call role, each checked as it loads
+        check_routes(cfg, routes, needs)
+        reads = frozenset(n.capability for n in needs) & {"distribution", "topk", "sampled"}
+        return load_routed(cfg, routes, lambda one, r: load_teacher(one, student_tokenizer, world, needs, topk, log),
+                           reads=reads, topk=topk, pad_token_id=pad_id(student_tokenizer))
     if is_url(cfg.teacher):
         check_needs(RemoteTeacher, cfg.teacher, needs)
         audit = load(cfg.teacher_audit_model, device=cfg.device)[0].eval().requires_grad_(False) \
@@ -111,5 +135,5 @@ def _vocab_difference(tokenizer: Any, student_tokenizer: Any) -> str:
     return "the teacher's tokenizer is not the student's"
 
 
-__all__ = ["CrossTokenizerTeacher", "LocalTeacher", "RemoteTeacher", "RemoteTeacherError", "ServedTeacherOptions",
-           "ShardedTeacher", "Teacher", "check_served", "context_needs", "load_teacher", "parallel_needs", "run_needs"]
+__all__ = ["CrossTokenizerTeacher", "LocalTeacher", "RemoteTeacher", "RemoteTeacherError", "RoutedTeacher",
+           "ServedTeacherOptions", "ShardedTeacher", "Teacher", "check_routes", "check_served", "context_needs", "load_teacher", "parallel_needs", "run_needs"]
