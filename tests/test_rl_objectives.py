@@ -259,6 +259,7 @@ def test_bad_objective_options_are_one_error_line(extra, says, tmp_path, capsys)
     ["--importance-level", "sequence", "--loss-agg", "sequence", "--clip-eps", "0.0003", "--clip-eps-high", "0.0004"],
     ["--overlong-buffer", "4", "--scale-rewards", "batch"],
     ["--dynamic-sampling", "--dynamic-max-draws", "2"],
+    ["--dynamic-sampling", "--dynamic-max-draws", "2", "--env", "memgym/Counting-v0,num_chunks=3"],  # a mix's draws
 ])
 def test_every_objective_option_trains_a_step(extra, tmp_path):
     run = tmp_path / "run"
@@ -267,6 +268,8 @@ def test_every_objective_option_trains_a_step(extra, tmp_path):
 
     (row,) = [r for r in read_metrics(run) if "loss" in r]
     assert math.isfinite(row["loss"]) and row["grad_norm"] >= 0.0 and "clip_frac_high" in row
+    if "--env" in extra:  # the run is a mix: its step logs each env's figures
+        assert "env/Counting-v0/episodes" in row and "env/LongQA-v0/episodes" in row, sorted(row)
 
 
 # -- a PPO that can win -----------------------------------------------------------------------------
