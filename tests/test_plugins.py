@@ -77,7 +77,8 @@ def test_the_plugin_interface_defaults_change_nothing():
 
 
 def test_the_readme_plugin_command_runs_as_written(tmp_path):
-    """The guide's command (docs/extend.md), with smaller sizes appended (a later flag overrides an earlier one)."""
+    """The guide's command (docs/extend.md), with smaller sizes appended (a later flag overrides an earlier one;
+    --env is left out of them, since a repeated --env adds an env to the mix rather than overriding)."""
     import re
     import shlex
     from pathlib import Path
@@ -89,5 +90,6 @@ def test_the_readme_plugin_command_runs_as_written(tmp_path):
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "memopd.train"] and "examples.answer_weight:AnswerWeight" in argv
     run = tmp_path / "run"
-    assert train.main(argv[3:] + FAST + ["--run-dir", str(run)]) == 0
+    assert argv[argv.index("--env") + 1] == FAST[1]
+    assert train.main(argv[3:] + FAST[2:] + ["--run-dir", str(run)]) == 0
     assert [r["answer_weight/steps"] for r in read_metrics(run) if "loss" in r] == [1.0, 2.0]
