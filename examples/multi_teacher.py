@@ -5,8 +5,8 @@ teachers routed by call role against either alone.
     python examples/multi_teacher.py --parts teachers                             # the five teachers only
     python examples/multi_teacher.py --arms by-task,generalist --seeds 0          # some student cells
 
-The mix: LongQA and Counting at their defaults, in the digit presets' tokens (a ``tiny-digits``
-student). The teachers (``tiny-teacher-digits`` fine-tuned by ``memopd.sft``'s loop on oracle
+The mix: LongQA and Counting at their defaults (Counting with one count, ``keys=1``), in the digit
+presets' tokens (a ``tiny-digits`` student). The teachers (``tiny-teacher-digits`` fine-tuned by ``memopd.sft``'s loop on oracle
 trajectories, 32 episodes a step, each at the same compute of 500 steps but the specialists):
 
   LongQA, Counting  a specialist each: 250 steps on 1,000 trajectories of its task (the auto
@@ -46,6 +46,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ENVS = ("memgym/LongQA-v0", "memgym/Counting-v0")
+ENV_KWARGS = {"memgym/Counting-v0": {"keys": 1}}
+"""Counting with one count, as this study was run (its task default is two since)."""
+ENV_FLAGS = [a for env in ENVS
+             for a in ("--env", env + "".join(f",{k}={v}" for k, v in ENV_KWARGS.get(env, {}).items()))]
 STUDENT, TEACHER = "tiny-digits", "tiny-teacher-digits"
 TEACHERS = {  # name -> (tasks it learns from, steps, the roles whose calls it is trained on)
     "LongQA": (("memgym/LongQA-v0",), 250, ("memory", "answer")),
@@ -111,8 +115,9 @@ def teacher_cell(name: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     if not (out / "config.json").is_file():
         model, tok = models.load(TEACHER)
-        eps = [e for env in tasks for e in oracle_episodes(env, {}, tok, 40 if args.smoke else 1000, seed=2,
-                                                           progress=False)]
+        eps = [e for env in tasks
+               for e in oracle_episodes(env, ENV_KWARGS.get(env, {}), tok, 40 if args.smoke else 1000, seed=2,
+                                        progress=False)]
         cfg = SFTConfig(steps=steps, batch_episodes=32, lr=3e-3, warmup_steps=10, seed=1, threads=args.threads,
                         checkpoint_every=25)  # a killed build resumes from its last state
         losses = train_sft(model, role_only(eps, roles), cfg, pad_token_id=pad_id(tok), progress=False,
@@ -142,7 +147,7 @@ def evaluate(model_dir: str, args: argparse.Namespace) -> dict[str, float]:
     from memopd.learn.actor import Actor
 
     n = 4 if args.smoke else EVAL_EPISODES
-    argv = [a for env in ENVS for a in ("--env", env)] + ["--model", model_dir, "--eval-episodes", str(n),
+    argv = ENV_FLAGS + ["--model", model_dir, "--eval-episodes", str(n),
                                                           "--threads", str(args.threads), "--no-progress"]
     cfg = cfgmod.parse_args(train.TrainConfig, train.env_flags(argv), "t", "")
     model, tok = models.load(model_dir)
@@ -162,7 +167,7 @@ def student_cell(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any
     elif (run / "checkpoints").is_dir():
         subprocess.run([sys.executable, "-m", "memopd.train", "--resume", str(run), "--no-progress"], check=True)
     else:
-        argv = [a for env in ENVS for a in ("--env", env)] + teachers + [
+        argv = ENV_FLAGS + teachers + [
             "--model", STUDENT, "--seed", str(seed), "--threads", str(args.threads), "--no-progress",
             "--eval-episodes", str(4 if args.smoke else EVAL_EPISODES), "--run-dir", str(run),
             *(SMOKE_TRAIN if args.smoke else [])]
@@ -187,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cached(rows / f"student-{arm}-s{seed}.json", lambda: student_cell(arm, seed, args))
                 print(f"student {arm} seed {seed}: done", flush=True)
     results = {"command": "python examples/multi_teacher.py --threads 1",  # the whole study; rows/ holds what ran
-               "envs": list(ENVS), "student": STUDENT, "teacher_base": TEACHER, "eval_episodes": EVAL_EPISODES,
+               "envs": list(ENVS), "env_kwargs": ENV_KWARGS, "student": STUDENT, "teacher_base": TEACHER,
+               "eval_episodes": EVAL_EPISODES,
                "arms": list(ARMS), "routes": ARMS,
                "teachers": [json.loads(p.read_text()) for p in sorted(rows.glob("teacher-*.json"))],
                "students": [json.loads(p.read_text()) for p in sorted(rows.glob("student-*.json"))]}

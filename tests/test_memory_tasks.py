@@ -95,13 +95,22 @@ def solve(task: str, sample) -> str:
         for lhs, rhs in ASSIGN.findall(text):
             holds[lhs] = holds.get(rhs, rhs)
         return " ".join(v for v, x in holds.items() if x == value)
-    person, city = re.search(r"does (\w+) visit (\w+) \?", q).groups()
-    return str(sum(1 for s, o in FACT.findall(text) if (s, o) == (person, city)))
+    keys = re.findall(r"(\w+) visit (\w+)", q.split("does", 1)[1])  # one or more: `A visit X and B visit Y`
+    return " ".join(str(sum(1 for s, o in FACT.findall(text) if (s, o) == key)) for key in keys)
 
 
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("kw", [{}, {"distractor_similarity": 1.0, "num_chunks": 9}])
 def test_answers_agree_with_an_independent_solver(task, kw):
+    answers_agree(task, kw)
+
+
+@pytest.mark.parametrize("kw", [{"keys": 2}, {"keys": 4, "max_count": 5, "distractor_similarity": 1.0, "num_chunks": 9}])
+def test_several_counts_agree_with_an_independent_solver(kw):
+    answers_agree("Counting", kw)
+
+
+def answers_agree(task, kw):
     source = MODULES[task].make_source("train", 5, **kw)
     for i in range(40):
         sample = source[i]
@@ -112,6 +121,53 @@ def test_answers_agree_with_an_independent_solver(task, kw):
         assert order == sorted(order)  # supporting facts (updates, values, the chain) in reading order
         for fact in sample.supporting_facts:
             assert fact["text"] in chunks[fact["chunk"]]
+
+
+def test_two_counts_by_hand():
+    """keys=2, sample 0 of the test split: mila/seville 3 times (chunks 0, 1, 2) and george/dhaka 3
+    times (1, 2, 3); a chunk holding both states them in the question's order, in one document."""
+    sample = counting.make_source("test", 0, keys=2)[0]
+    assert sample.question == "how many times does mila visit seville and george visit dhaka ? ( memory : 16 tokens )"
+    assert sample.answers == ["3 3"]
+    assert [(f["person"], f["chunk"]) for f in sample.supporting_facts] == [
+        ("mila", 0), ("mila", 1), ("george", 1), ("mila", 2), ("george", 2), ("george", 3)]
+    chunks = chunks_of(sample)
+    assert "mila seville . george dhaka ." in chunks[1] and "mila seville . george dhaka ." in chunks[2]
+    memories = oracle_memories(sample, chunks)
+    assert memories == ["mila seville 1", "mila seville 2 george dhaka 1", "mila seville 3 george dhaka 2",
+                        "mila seville 3 george dhaka 3"]
+    assert sample.oracle.answer(memories[-1]) == "3 3" and sample.oracle.missing(memories[-1]) == []
+    # a memory that lost a count answers the one it holds, and says what it lacks
+    assert sample.oracle.answer("george dhaka 3") == "3"
+    assert sample.oracle.missing("george dhaka 3") == ["mila seville 3"]
+
+
+def test_one_count_draws_the_samples_it_drew_before_the_keys_option():
+    """keys=1 (the module default) consumes the random stream as the task did before ``keys``: the
+    hash of 100 samples' text, answers, facts and metadata is the one recorded then."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for kw in ({}, {"distractor_similarity": 0.5, "num_chunks": 9, "max_count": 5}):
+        source = counting.make_source("train", 3, **kw)
+        for i in range(50):
+            s = source[i]
+            h.update(json.dumps([s.id, s.question, s.answers, s.supporting_facts, s.metadata, chunks_of(s)],
+                                sort_keys=True).encode())
+    assert h.hexdigest()[:16] == "6a4ca08f9e55f335"
+
+
+def test_two_counts_bind_a_budget_of_one():
+    """In the digit presets' tokens, one count item (``mila seville 3``) fits 4 tokens, two do not:
+    the oracle at 4 tokens answers one count of two (F1 2/3 when the counts differ, or 1 by luck)."""
+    from agents.models import load_tokenizer
+
+    tok = load_tokenizer("tiny-digits")
+    big = oracle_f1("memgym/Counting-v0", 16, tokenizer=tok, memory_budget=16)
+    with pytest.warns(UserWarning, match="cannot hold"):
+        small = oracle_f1("memgym/Counting-v0", 16, tokenizer=tok, memory_budget=4)
+    assert big == 1.0 and 0.5 < small < 0.9
 
 
 def test_updates_sit_in_distinct_chunks_in_order():
@@ -192,6 +248,10 @@ def test_bad_knobs_are_refused():
         gym.make("memgym/KnowledgeUpdate-v0", updates=4)  # 4 chunks hold at most 3 updates
     with pytest.raises(ValueError, match="max_count=9 is invalid"):
         gym.make("memgym/Counting-v0", max_count=9)
+    with pytest.raises(ValueError, match="keys=7 is invalid"):
+        gym.make("memgym/Counting-v0", keys=7)
+    with pytest.raises(ValueError, match="keys=0 is invalid"):
+        gym.make("memgym/Counting-v0", keys=0)
     with pytest.raises(ValueError, match="values=0 is invalid"):
         gym.make("memgym/MultiValue-v0", values=0)
     with pytest.raises(TypeError, match="unknown option"):

@@ -4,8 +4,19 @@
 ``how many times does alice visit paris ?`` asks for ``k`` (1..``max_count``, written in digits).
 The memory must carry an aggregate, not the facts: the oracle keeps ``alice paris n``, the count
 so far, and answers ``n``. Distractor facts (``distractor_similarity``) state other visits of the
-same person or place, which do not count. Knobs: ``max_count`` (default 3; the count is drawn from
-1..max_count), the shared ones of :class:`memgym.generators.memory_tasks.MemoryTaskConfig`.
+same person or place, which do not count.
+
+With ``keys`` = K > 1 the question asks for K counts at once (``how many times does alice visit
+paris and bob visit rome ?``, K distinct people and cities, each count drawn and placed as above;
+facts of one chunk sit in one document) and the answer is the counts in the question's order
+(``2 3``; token F1 does not score the order). The memory must hold K running counts: the oracle
+keeps ``alice paris n bob rome m`` (one item per key, as many as the budget holds) and answers the
+counts it holds, so a budget of one item's tokens holds one count of K (F1 2/3 at K = 2).
+
+Knobs: ``max_count`` (default 3; each count is drawn from 1..max_count), ``keys`` (default 1 here,
+which the digit presets' tokenizer corpus reads; the task's own default, in its task.toml, is 2: one
+count fits any budget that holds a count at all, so one key never makes the memory bind), the shared
+ones of :class:`memgym.generators.memory_tasks.MemoryTaskConfig`.
 """
 
 from __future__ import annotations
@@ -18,8 +29,10 @@ from memgym.generators.longqa import CITIES, PERSONS
 from memgym.generators.memory_tasks import Drawn, MemoryTaskConfig, make_source_for, need
 from memgym.generators.planning import PlacedFact
 
-QUESTION = "how many times does {person} visit {city} ?"
+QUESTION = "how many times does {keys} ?"
+KEY = "{person} visit {city}"
 WORDS = ("how", "many", "times", "does", "visit")
+MAX_KEYS = 6
 
 
 class CountScript:
@@ -46,33 +59,70 @@ class CountScript:
         return [] if self.held(memory) == self.count else [f"{self.head} {self.count}"]
 
 
+class CountEachScript:
+    """Several keys: keep ``person city n`` for each, in the question's order; answer the counts held."""
+
+    def __init__(self, scripts: list[CountScript]):
+        self.scripts = scripts
+
+    def update(self, memory: str, chunk: str) -> list[str]:
+        return [item for s in self.scripts for item in s.update(memory, chunk)]
+
+    def answer(self, memory: str) -> str:
+        # A count the memory lost is left out, not guessed: the answer says what the memory knows.
+        return " ".join(str(n) for n in (s.held(memory) for s in self.scripts) if n)
+
+    def missing(self, memory: str) -> list[str]:
+        return [item for s in self.scripts for item in s.missing(memory)]
+
+
 class Counting:
     name = "Counting"
-    defaults: dict[str, Any] = {"max_count": 3}
+    defaults: dict[str, Any] = {"max_count": 3, "keys": 1}  # keys=1: the digit presets' tokenizer corpus uses it
 
     def check(self, cfg: MemoryTaskConfig) -> None:
-        most = cfg.options["max_count"]
+        most, keys = cfg.options["max_count"], cfg.options["keys"]
         need(isinstance(most, int) and not isinstance(most, bool) and 1 <= most <= cfg.num_chunks, self.name,
              "max_count", most, f"an int in 1..num_chunks ({cfg.num_chunks}): each statement sits in a chunk of "
              "its own")
+        need(isinstance(keys, int) and not isinstance(keys, bool) and 1 <= keys <= MAX_KEYS, self.name, "keys", keys,
+             f"an int in 1..{MAX_KEYS}")
 
     def draw(self, rng: random.Random, cfg: MemoryTaskConfig, slots: int) -> Drawn:
-        person, city = rng.choice(PERSONS), rng.choice(CITIES)
-        count = rng.randint(1, cfg.options["max_count"])
-        chunks = sorted(rng.sample(range(cfg.num_chunks), count))
-        text = f"{person} {city} ."
-        facts = [PlacedFact(chunk=c, slot=rng.randrange(slots), order=float(k), text=text)
-                 for k, c in enumerate(chunks)]
+        # One key draws exactly what this task drew before it had keys: its samples are unchanged.
+        keys: list[tuple[str, str, int, list[int]]] = []
+        for _ in range(cfg.options["keys"]):
+            person = rng.choice([p for p in PERSONS if p not in {k[0] for k in keys}])
+            city = rng.choice([c for c in CITIES if c not in {k[1] for k in keys}])
+            count = rng.randint(1, cfg.options["max_count"])
+            keys.append((person, city, count, sorted(rng.sample(range(cfg.num_chunks), count))))
+        slot_of: dict[int, int] = {}  # one slot per chunk: a chunk's facts share a document
+        for _, _, _, chunks in keys:
+            for c in chunks:
+                if c not in slot_of:
+                    slot_of[c] = rng.randrange(slots)
+        # A key's facts sit in distinct chunks; a chunk with several keys' facts has them in the question's order.
+        facts = [PlacedFact(chunk=c, slot=slot_of[c], order=float(k), text=f"{person} {city} .")
+                 for k, (person, city, _, chunks) in enumerate(keys) for c in chunks]
+        people, cities = [k[0] for k in keys], [k[1] for k in keys]
 
-        def distractor(r: random.Random) -> str:  # the person elsewhere, or someone else in the city
+        def distractor(r: random.Random) -> str:  # an asked person elsewhere, or someone else in an asked city
+            i = r.randrange(len(keys)) if len(keys) > 1 else 0
             if r.random() < 0.5:
-                return f"{person} {r.choice([c for c in CITIES if c != city])} ."
-            return f"{r.choice([p for p in PERSONS if p != person])} {city} ."
+                return f"{people[i]} {r.choice([c for c in CITIES if c != cities[i]])} ."
+            return f"{r.choice([p for p in PERSONS if p not in people])} {cities[i]} ."
 
-        return Drawn(question=QUESTION.format(person=person, city=city), answers=[str(count)], facts=facts,
-                     supporting_facts=[{"occurrence": k, "chunk": c, "text": text} for k, c in enumerate(chunks)],
-                     oracle=CountScript(person, city, count), distractor=distractor,
-                     metadata={"person": person, "city": city, "count": count})
+        support = [fact for _, fact in sorted(
+            ((c, k), {"occurrence": j, "chunk": c, "text": f"{person} {city} ."}
+             | ({"person": person, "city": city} if len(keys) > 1 else {}))
+            for k, (person, city, _, chunks) in enumerate(keys) for j, c in enumerate(chunks))]  # reading order
+        question = QUESTION.format(keys=" and ".join(KEY.format(person=p, city=c) for p, c, _, _ in keys))
+        scripts = [CountScript(person, city, count) for person, city, count, _ in keys]
+        metadata: dict[str, Any] = ({"person": people[0], "city": cities[0], "count": keys[0][2]} if len(keys) == 1
+                                    else {"keys": [{"person": p, "city": c, "count": n} for p, c, n, _ in keys]})
+        return Drawn(question=question, answers=[" ".join(str(k[2]) for k in keys)], facts=facts,
+                     supporting_facts=support, oracle=scripts[0] if len(keys) == 1 else CountEachScript(scripts),
+                     distractor=distractor, metadata=metadata)
 
 
 TASK = Counting()
