@@ -43,11 +43,11 @@ LADDER = (16, 8, 6, 4, 3, 2, 1)
 BUDGETS = {  # task -> (large, small) for the students: the small one holds less than the oracle keeps
     "MultiValue": (16, 3),  # 2 facts of 3 tokens: 3 holds one
     "VariableTracking": (16, 1),  # a chain of 2 names: 1 holds one
-    "KnowledgeUpdate": (16, 3),  # one fact of 3 tokens (the latest): 3 hold it, not a log of updates
+    "KnowledgeUpdate": (16, 3),  # two people's latest facts (people=2) of 3-4 tokens: 3 hold one
     "Counting": (16, 4),  # two counts (keys=2) of 4 tokens (`mila seville 3`): 4 hold one
 }
-"""A budget below one item holds nothing the oracle keeps (KnowledgeUpdate's state is one item, and
-Counting's items are one count each): memopd.train refuses it (no memory in the teacher's data)."""
+"""A budget below one item holds nothing the oracle keeps (KnowledgeUpdate's items are one fact each,
+Counting's one count each): memopd.train refuses it (no memory in the teacher's data)."""
 PARTS = ("ladder", "teacher", "students")
 SMOKE_TRAIN = ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--eval-episodes", "4",
                "--student-warmup-steps", "2", "--teacher", "tiny-teacher-digits", "--eval-every", "0"]

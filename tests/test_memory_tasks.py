@@ -83,9 +83,9 @@ def solve(task: str, sample) -> str:
     """Answer from the whole input text, without the generator's plan or the oracle."""
     text = " ".join(chunks_of(sample, sample.metadata["chunk_size"]))
     q = sample.question
-    if task == "KnowledgeUpdate":
-        person = re.search(r"where does (\w+) live", q).group(1)
-        return [o for s, o in FACT.findall(text) if s == person][-1]
+    if task == "KnowledgeUpdate":  # one person or several: `where do A and B live now ?`
+        people = re.search(r"where do(?:es)? (.+) live", q).group(1).split(" and ")
+        return " ".join([o for s, o in FACT.findall(text) if s == person][-1] for person in people)
     if task == "MultiValue":
         person = re.search(r"which cities does (\w+) visit", q).group(1)
         return " ".join(o for s, o in FACT.findall(text) if s == person)
@@ -108,6 +108,12 @@ def test_answers_agree_with_an_independent_solver(task, kw):
 @pytest.mark.parametrize("kw", [{"keys": 2}, {"keys": 4, "max_count": 5, "distractor_similarity": 1.0, "num_chunks": 9}])
 def test_several_counts_agree_with_an_independent_solver(kw):
     answers_agree("Counting", kw)
+
+
+@pytest.mark.parametrize("kw", [{"people": 2}, {"people": 5, "updates": 3, "distractor_similarity": 1.0,
+                                                "num_chunks": 9}])
+def test_several_people_agree_with_an_independent_solver(kw):
+    answers_agree("KnowledgeUpdate", kw)
 
 
 def answers_agree(task, kw):
@@ -158,15 +164,48 @@ def test_one_count_draws_the_samples_it_drew_before_the_keys_option():
     assert h.hexdigest()[:16] == "6a4ca08f9e55f335"
 
 
-def test_two_counts_bind_a_budget_of_one():
-    """In the digit presets' tokens, one count item (``mila seville 3``) fits 4 tokens, two do not:
-    the oracle at 4 tokens answers one count of two (F1 2/3 when the counts differ, or 1 by luck)."""
+def test_two_people_by_hand():
+    """people=2, sample 0 of the test split: zane athens (chunk 0) -> riyadh (3), petra austin (2) ->
+    perth (3); the oracle keeps the latest of each, in the question's order, and overwrites both."""
+    sample = knowledge_update.make_source("test", 0, people=2)[0]
+    assert sample.question == "where do petra and zane live now ? ( memory : 16 tokens )"
+    assert sample.answers == ["perth riyadh"]
+    assert [(f["person"], f["update"], f["chunk"]) for f in sample.supporting_facts] == [
+        ("zane", 0, 0), ("petra", 0, 2), ("petra", 1, 3), ("zane", 1, 3)]
+    chunks = chunks_of(sample)
+    assert "petra perth . zane riyadh ." in chunks[3]  # one chunk, one document, the question's order
+    memories = oracle_memories(sample, chunks)
+    assert memories == ["zane athens .", "zane athens .", "petra austin . zane athens .",
+                        "petra perth . zane riyadh ."]
+    assert sample.oracle.answer(memories[-1]) == "perth riyadh" and sample.oracle.missing(memories[-1]) == []
+    assert sample.oracle.answer("zane riyadh .") == "riyadh"  # a lost person is left out, not guessed
+    assert sample.oracle.missing("petra austin . zane riyadh .") == ["petra perth ."]  # a stale fact is missing
+
+
+def test_one_person_draws_the_samples_it_drew_before_the_people_option():
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for kw in ({}, {"distractor_similarity": 0.5, "num_chunks": 9, "updates": 3}):
+        source = knowledge_update.make_source("train", 3, **kw)
+        for i in range(50):
+            s = source[i]
+            h.update(json.dumps([s.id, s.question, s.answers, s.supporting_facts, s.metadata, chunks_of(s)],
+                                sort_keys=True).encode())
+    assert h.hexdigest()[:16] == "9ef2295207a37797"
+
+
+@pytest.mark.parametrize("task", ["KnowledgeUpdate", "Counting"])
+def test_two_items_bind_a_budget_of_one(task):
+    """In the digit presets' tokens one item (``petra perth .``, ``mila seville 3``) fits 4 tokens and
+    two do not: at the defaults (two people, two counts) the oracle at 4 tokens answers one of two."""
     from agents.models import load_tokenizer
 
     tok = load_tokenizer("tiny-digits")
-    big = oracle_f1("memgym/Counting-v0", 16, tokenizer=tok, memory_budget=16)
+    big = oracle_f1(f"memgym/{task}-v0", 16, tokenizer=tok, memory_budget=16)
     with pytest.warns(UserWarning, match="cannot hold"):
-        small = oracle_f1("memgym/Counting-v0", 16, tokenizer=tok, memory_budget=4)
+        small = oracle_f1(f"memgym/{task}-v0", 16, tokenizer=tok, memory_budget=4)
     assert big == 1.0 and 0.5 < small < 0.9
 
 
@@ -248,6 +287,8 @@ def test_bad_knobs_are_refused():
         gym.make("memgym/KnowledgeUpdate-v0", updates=4)  # 4 chunks hold at most 3 updates
     with pytest.raises(ValueError, match="max_count=9 is invalid"):
         gym.make("memgym/Counting-v0", max_count=9)
+    with pytest.raises(ValueError, match="people=7 is invalid"):
+        gym.make("memgym/KnowledgeUpdate-v0", people=7)
     with pytest.raises(ValueError, match="keys=7 is invalid"):
         gym.make("memgym/Counting-v0", keys=7)
     with pytest.raises(ValueError, match="keys=0 is invalid"):

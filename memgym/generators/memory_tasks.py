@@ -204,11 +204,11 @@ class MemoryTaskSource:
                       supporting_facts=drawn.supporting_facts, metadata=metadata, oracle=drawn.oracle)
 
 
-def someone_else(person: str) -> Callable[[random.Random], str]:
-    """A distractor: another person's city (never the asked person's)."""
+def someone_else(*people: str) -> Callable[[random.Random], str]:
+    """A distractor: another person's city (never an asked person's)."""
     from memgym.generators.longqa import CITIES, PERSONS
 
-    others = [p for p in PERSONS if p != person]
+    others = [p for p in PERSONS if p not in people]
     return lambda rng: f"{rng.choice(others)} {rng.choice(CITIES)} ."
 
 
