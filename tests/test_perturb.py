@@ -72,9 +72,9 @@ def test_distractor_puts_a_wrong_answer_in_the_memory():
 
 
 def test_stale_brings_back_the_overwritten_value():
-    """KnowledgeUpdate with 2 updates over 3 chunks (one statement a chunk): made stale after the last
-    chunk, the memory holds the value before the last update, and the oracle answers that."""
-    env = wrapped("stale@2", "memgym/KnowledgeUpdate-v0", updates=2, num_chunks=3)
+    """KnowledgeUpdate, one person with 2 updates over 3 chunks (one statement a chunk): made stale
+    after the last chunk, the memory holds the value before the last update, and the oracle answers that."""
+    env = wrapped("stale@2", "memgym/KnowledgeUpdate-v0", updates=2, num_chunks=3, people=1)
     for ep in oracle_episodes(env, 6):
         (p,) = ep.perturbations
         values = [i.response_text.split()[1] for i in ep.invocations[:-1]]
@@ -83,7 +83,7 @@ def test_stale_brings_back_the_overwritten_value():
 
 
 def test_reappears_says_whether_a_supporting_fact_is_read_after_the_perturbation():
-    env = wrapped("drop@0", "memgym/Counting-v0", max_count=3)
+    env = wrapped("drop@0", "memgym/Counting-v0", max_count=3, keys=1)
     source = env.unwrapped.source
     seen = set()
     for ep in oracle_episodes(env, 40):
@@ -138,12 +138,13 @@ def test_eval_reports_recovery_and_the_viewer_shows_it(tmp_path, capsys):
     from memopd.eval import evaluate
     from memopd.view import load_source, render_html
 
-    summary = evaluate(["--env", "memgym/Counting-v0", "--agent", "oracle", "--episodes", "16", "--out",
-                        str(tmp_path), "--no-progress", "--memory-perturbation", "drop@0"])
+    summary = evaluate(["--env", "memgym/Counting-v0", "--env-kwarg", "keys=1", "--agent", "oracle", "--episodes",
+                        "16", "--out", str(tmp_path), "--no-progress", "--memory-perturbation", "drop@0"])
     r = summary["memory_perturbation"]
     assert r["spec"] == "drop@0" and r["perturbed"] + r["unperturbed"] == 16 and r["perturbed"] > 0
     assert r["perturbed"] == r["fact_read_again"] + r["fact_not_read_again"]
-    # A lost count is not recovered by reading later statements; an untouched episode is solved.
+    # One count (keys=1): a lost count is not recovered by reading later statements; an untouched
+    # episode is solved.
     assert r["f1_perturbed"] == 0.0 and r["f1_unperturbed"] == 1.0
     out = capsys.readouterr().out
     assert "F1 recovery (fact read again)" in out and "F1 unperturbed" in out
