@@ -5,8 +5,9 @@ teachers routed by call role against either alone.
     python examples/multi_teacher.py --parts teachers                             # the five teachers only
     python examples/multi_teacher.py --arms by-task,generalist --seeds 0          # some student cells
 
-The mix: LongQA and Counting at their defaults (Counting with one count, ``keys=1``), in the digit
-presets' tokens (a ``tiny-digits`` student). The teachers (``tiny-teacher-digits`` fine-tuned by ``memopd.sft``'s loop on oracle
+The mix: LongQA at its default and Counting with one count in chunks of 64 tokens (``keys=1``,
+``chunk_size=64``, its default when the study was run), in the digit presets' tokens (a
+``tiny-digits`` student, warmed up for 100 SFT steps as then). The teachers (``tiny-teacher-digits`` fine-tuned by ``memopd.sft``'s loop on oracle
 trajectories, 32 episodes a step, each at the same compute of 500 steps but the specialists):
 
   LongQA, Counting  a specialist each: 250 steps on 1,000 trajectories of its task (the auto
@@ -46,8 +47,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ENVS = ("memgym/LongQA-v0", "memgym/Counting-v0")
-ENV_KWARGS = {"memgym/Counting-v0": {"keys": 1}}
-"""Counting with one count, as this study was run (its task default is two since)."""
+ENV_KWARGS = {"memgym/Counting-v0": {"keys": 1, "chunk_size": 64}}
+"""Counting with one count in chunks of 64 tokens, as this study was run (its task default is two
+counts in chunks of 32 since)."""
 ENV_FLAGS = [a for env in ENVS
              for a in ("--env", env + "".join(f",{k}={v}" for k, v in ENV_KWARGS.get(env, {}).items()))]
 STUDENT, TEACHER = "tiny-digits", "tiny-teacher-digits"
@@ -168,8 +170,8 @@ def student_cell(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any
         subprocess.run([sys.executable, "-m", "memopd.train", "--resume", str(run), "--no-progress"], check=True)
     else:
         argv = ENV_FLAGS + teachers + [
-            "--model", STUDENT, "--seed", str(seed), "--threads", str(args.threads), "--no-progress",
-            "--eval-episodes", str(4 if args.smoke else EVAL_EPISODES), "--run-dir", str(run),
+            "--model", STUDENT, "--student-warmup-steps", "100", "--seed", str(seed), "--threads", str(args.threads),
+            "--no-progress", "--eval-episodes", str(4 if args.smoke else EVAL_EPISODES), "--run-dir", str(run),
             *(SMOKE_TRAIN if args.smoke else [])]
         subprocess.run([sys.executable, "-m", "memopd.train", *argv], check=True)
     summary = json.loads((run / "summary.json").read_text())
