@@ -7,8 +7,9 @@ teachers routed by call role against either alone.
 
 The mix: LongQA at its default and Counting with one count in chunks of 64 tokens (``keys=1``,
 ``chunk_size=64``, its default when the study was run), in the digit presets' tokens (a
-``tiny-digits`` student, warmed up for 100 SFT steps as then). The teachers (``tiny-teacher-digits`` fine-tuned by ``memopd.sft``'s loop on oracle
-trajectories, 32 episodes a step, each at the same compute of 500 steps but the specialists):
+``tiny-digits`` student, warmed up for 100 SFT steps as then). The teachers (``tiny-teacher-digits``
+fine-tuned by ``memopd.sft``'s loop on oracle trajectories, 32 episodes a step, each at the same
+compute of 500 steps but the specialists):
 
   LongQA, Counting  a specialist each: 250 steps on 1,000 trajectories of its task (the auto
                     teacher's recipe, lr 3e-3 with a cosine decay, but a 10-step warm-up), so the
