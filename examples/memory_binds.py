@@ -5,8 +5,7 @@
     python examples/memory_binds.py --smoke --out DIR             # the pipeline in a few minutes (tests/test_length_memory_studies.py)
 
 KnowledgeUpdate, MultiValue, VariableTracking and Counting at their defaults (their task.toml: 4 chunks
-of 64 tokens; KnowledgeUpdate's, MultiValue's and VariableTracking's of 32), in the digit presets'
-tokens, and LongQA's default for contrast. The parts (`--parts`):
+of 32 tokens), in the digit presets' tokens, and LongQA's default for contrast. The parts (`--parts`):
 
   ladder    the oracle's F1 at each budget of ``LADDER`` (no model): what the budget lets an agent
             that keeps exactly what is needed score. On LongQA one fact of 3 tokens is all it needs.
