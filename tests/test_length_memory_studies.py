@@ -54,3 +54,50 @@ def test_memory_binds_smoke(tmp_path):
     assert 'model = "tiny-digits"' in config and "memory_budget = 3" in config
     for part, table in mb.TABLES.items():
         assert table(results[part]).count("\n") >= 2
+
+
+@pytest.mark.slow
+def test_long_horizon_smoke_and_rerun(tmp_path):
+    """Every policy trains (or is built) and is read at both lengths; a rerun recomputes nothing."""
+    lh = load("long_horizon")
+    assert lh.main(["--smoke", "--out", str(tmp_path), "--tasks", "Counting"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    cells = {(r["policy"], r["seed"], r["num_chunks"]) for r in results["rows"]}
+    assert cells == {(p, 0, n) for p in lh.POLICIES for n in (3, 6)}
+    assert all(len(r["f1"]) == 4 for r in results["rows"])
+    assert set(results["summary"]["Counting"]) == set(lh.POLICIES) and "Counting" in results["verdicts"]
+    config = (tmp_path / "Counting" / "opd-persistent-s0" / "config.toml").read_text()
+    assert 'teacher_context = "persistent"' in config and "num_chunks = 3" in config
+    assert 'numbering = "random"' in config
+    sft = json.loads((tmp_path / "Counting" / "sft-oracle-s0" / "sft_config.json").read_text())
+    assert sft["steps"] == 4 and sft["model"] == "tiny-digits"  # the warm start's 2 steps + the RL arms' 2
+    assert (tmp_path / "length.png").is_file()
+    rows = sorted((tmp_path / "rows").iterdir())
+    stamps = [p.stat().st_mtime_ns for p in rows]
+    assert lh.main(["--smoke", "--out", str(tmp_path), "--tasks", "Counting", "--cached-only"]) == 0
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows").iterdir())] == stamps
+    assert json.loads((tmp_path / "results.json").read_text())["summary"] == results["summary"]
+
+
+def test_long_horizon_drop_and_verdicts_by_hand():
+    """The drop F1(32L) - F1(L) and its bootstrap bound on cells worked by hand: with every episode of
+    a seed alike, resampling changes nothing and the bound is the drop itself."""
+    lh = load("long_horizon")
+
+    def cells(policy, f1_short, f1_long):
+        return [{"task": "T", "policy": policy, "seed": s, "num_chunks": n, "f1": [v] * 8, "mean_f1": v}
+                for s, (a, b) in enumerate(zip(f1_short, f1_long)) for n, v in ((6, a), (192, b))]
+
+    flat = lh.drop_lower_bound(cells("memopd", [1.0, 0.8], [0.9, 0.7]), 6, 192)
+    assert flat["drop"] == pytest.approx(-0.1) and flat["lower_95"] == pytest.approx(-0.1) and flat["seeds"] == 2
+    spread = lh.drop_lower_bound(cells("memopd", [1.0, 1.0], [1.0, 0.0]), 6, 192)  # one seed kept, one lost
+    assert spread["drop"] == pytest.approx(-0.5) and spread["lower_95"] == pytest.approx(-1.0)
+    args = lh.parse_args(["--tasks", "LongQA", "--policies", "memopd,warm-start"])
+    args.tasks = ["T"]
+    rows = cells("memopd", [1.0, 1.0], [0.99, 0.98]) + cells("warm-start", [0.9, 0.9], [0.1, 0.2])
+    said = lh.verdicts(lh.summarise(rows, args))
+    assert said["T"].startswith("holds")
+    rows = cells("memopd", [1.0, 1.0], [0.5, 0.5]) + cells("warm-start", [0.9, 0.9], [0.1, 0.2])
+    assert lh.verdicts(lh.summarise(rows, args))["T"].startswith("does not hold")
+    rows = cells("memopd", [1.0, 1.0], [1.0, 1.0]) + cells("warm-start", [0.9, 0.9], [0.9, 0.8])
+    assert lh.verdicts(lh.summarise(rows, args))["T"].startswith("too easy")

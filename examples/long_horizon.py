@@ -1,0 +1,357 @@
+"""The long-horizon study, part 1: policies trained at L = 6 chunks, read at L to 32L (192 chunks).
+
+    python examples/long_horizon.py --out runs/long-horizon                  # every cell, resumable
+    python examples/long_horizon.py --tasks LongQA --policies memopd,teacher --seeds 0    # some cells
+    python examples/long_horizon.py --cached-only --publish docs/data/long_horizon/results.json
+    python examples/long_horizon.py --smoke --out DIR                         # the pipeline in minutes (CI)
+
+The claim under test (docs/RESULTS.md, "The long-horizon study"): a compact-memory student trained at
+L keeps its F1 at 32L, the one-sided 95% lower bound of F1(32L) - F1(L) above -0.05 (bootstrap over
+seeds, then episodes within each seed), where the untrained warm start drops by at least 0.3 (else the
+test was too easy).
+
+The tasks (``TASKS``), each in the digit presets' tokens with random document numbering (the
+length-robust inputs of docs/RESULTS.md, "Length-robust inputs"), in chunks of 48 tokens (random
+labels need more than the binding tasks' default 32) and a 16-token memory, only ``num_chunks``
+changing between training and evaluation: one-hop LongQA, KnowledgeUpdate (two people, the latest
+city of each) and Counting (two running counts).
+
+The policies (``POLICIES``), all trained at L on the same task with the same student
+(``tiny-digits``) and teacher (the auto teacher of ``memopd.train --teacher auto``: the embedded
+recipe, built once per task):
+
+  memopd          ``python -m memopd.train`` at its defaults: the warm start the task recommends, then
+                  PPO + MemOPD (the teacher scores each call in the state the student acted in)
+  opd-persistent  the same with ``--teacher-context persistent`` (the teacher reads the flattened history)
+  ppo             the same with ``--opd-coef 0`` (PPO alone, no teacher)
+  warm-start      the RL runs' starting point: the warm start's SFT recipe alone (``memopd.sft``)
+  sft-oracle      SFT on oracle trajectories for the warm start's steps plus the RL steps, 32 episodes
+                  a step (the RL arms' episodes a step): imitation at the RL arms' compute
+  sft-teacher     the same on 1,000 trajectories the teacher sampled (temperature 1): sequence-level
+                  distillation, every action in the teacher's own states
+  teacher         the teacher itself (greedy)
+  rag-top1/-top3  ``rag-memagent`` with the teacher: BM25 ranks the chunks, the teacher reads the top k
+
+Each RL and SFT policy runs ``--seeds`` seeds (the teacher and retrieval are deterministic: seed 0).
+Evaluation: greedy, by ``python -m memopd.eval``, on the first ``EPISODES_ENDS`` test episodes at L
+and 32L and ``EPISODES_BETWEEN`` between (``LENGTHS``).
+
+Not yet in this script (the issue's other policies and parts): the full-context agent trained at L
+and at 32L, a second teacher and warm-start build, F1 against the distance from the fact to the
+question with a per-call retention rate, 1,000 chunks for the best policy.
+
+Everything lands in --out (default runs/long-horizon): teacher/<task>/ (the auto teacher's
+evaluation), <task>/<policy>-s<seed>/ (runs and SFT models; a killed run is resumed), eval/ (one
+memopd.eval per policy, seed and length), rows/ (one JSON file per finished evaluation, so several
+processes can share the study) and results.json (every finished cell; ``--publish FILE`` copies it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+TASKS = {  # task -> env options of training and evaluation (num_chunks aside)
+    "LongQA": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
+    "KnowledgeUpdate": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
+    "Counting": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
+}
+TRAIN_CHUNKS = 6
+LENGTHS = (6, 12, 24, 48, 96, 192)
+"""L to 32L chunks."""
+EPISODES_ENDS, EPISODES_BETWEEN = 256, 128
+STUDENT = "tiny-digits"
+RL = {"memopd": [], "opd-persistent": ["--teacher-context", "persistent"], "ppo": ["--opd-coef", "0"]}
+SFT = ("warm-start", "sft-oracle", "sft-teacher")
+FIXED = {"teacher": None, "rag-top1": 1, "rag-top3": 3}  # policy -> retrieval top_k (None: the teacher alone)
+POLICIES = (*RL, *SFT, *FIXED)
+TEACHER_SAMPLES = 1000
+CLAIM_MARGIN = -0.05
+"""The claim: the one-sided 95% lower bound of F1(32L) - F1(L) is above this."""
+CONTRAST = -0.3
+"""The required contrast: the untrained warm start drops by at least this much."""
+SMOKE = {"lengths": (3, 6), "train_chunks": 3, "episodes": 4,
+         "train": ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--student-warmup-steps", "2",
+                   "--eval-episodes", "2", "--eval-every", "0", "--teacher", "tiny-teacher-digits"]}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python examples/long_horizon.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/long-horizon", help="the study's directory (reused by a rerun)")
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks of {list(TASKS)}")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated policies of {list(POLICIES)}")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds of the RL and SFT policies")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated evaluation lengths (chunks)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
+    p.add_argument("--cached-only", action="store_true", help="compute nothing: results.json from the finished cells")
+    p.add_argument("--publish", default=None, help="copy results.json to this file")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: the pipeline, not the result")
+    args = p.parse_args(argv)
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    args.policies = [x for x in args.policies.split(",") if x]
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    args.lengths = [int(n) for n in args.lengths.split(",") if n]
+    bad = [t for t in args.tasks if t not in TASKS] + [x for x in args.policies if x not in POLICIES]
+    if bad:
+        p.error(f"unknown {bad}: --tasks takes {list(TASKS)}, --policies {list(POLICIES)}")
+    args.train_chunks = TRAIN_CHUNKS
+    if args.smoke:
+        args.lengths, args.train_chunks, args.seeds = list(SMOKE["lengths"]), SMOKE["train_chunks"], args.seeds[:1]
+    return args
+
+
+def env_argv(task: str, chunks: int) -> list[str]:
+    """``--env`` and ``--env-kwarg`` flags of ``task`` at ``chunks`` chunks."""
+    opts = {**TASKS[task], "num_chunks": chunks}
+    return ["--env", f"memgym/{task}-v0", *[a for k, v in opts.items() for a in ("--env-kwarg", f"{k}={v}")]]
+
+
+def episodes_at(n: int, args: argparse.Namespace) -> int:
+    if args.smoke:
+        return SMOKE["episodes"]
+    return EPISODES_ENDS if n in (min(args.lengths), max(args.lengths)) else EPISODES_BETWEEN
+
+
+# --- training ----------------------------------------------------------------------------------------------
+def rl_config(task: str, policy: str, seed: int, args: argparse.Namespace) -> tuple[list[str], Any]:
+    """The RL policy's ``memopd.train`` flags and their resolved config (the task's [train] table in)."""
+    from memopd import config as cfgmod
+    from memopd import train
+
+    argv = [*env_argv(task, args.train_chunks), "--model", STUDENT, "--seed", str(seed), "--threads",
+            str(args.threads), "--no-progress", *RL.get(policy, []), *(SMOKE["train"] if args.smoke else [])]
+    cfg, given = cfgmod.parse_known(train.TrainConfig, train.teacher_flags(train.env_flags(argv)), "memopd.train", "")
+    return argv, train.task_defaults(cfg, given)  # as memopd.train resolves it: flags given win over [train]
+
+
+def teacher_dir(task: str, args: argparse.Namespace) -> str:
+    """The RL runs' teacher: the auto teacher of the task at L (built here once, where they find it)."""
+    from memopd.learn.models import ensure_teacher
+
+    _, cfg = rl_config(task, "memopd", 0, args)
+    return ensure_teacher(cfg, log=lambda m: print(m, flush=True))
+
+
+def train_rl(task: str, policy: str, seed: int, args: argparse.Namespace) -> Path:
+    from memopd import train
+
+    run = Path(args.out) / task / f"{policy}-s{seed}"
+    if not (run / "summary.json").is_file():
+        argv, _ = rl_config(task, policy, seed, args)
+        argv = ["--resume", str(run)] if (run / "config.toml").is_file() else [*argv, "--run-dir", str(run)]
+        if train.main(argv) != 0:
+            raise SystemExit(f"error: the run {run} failed (its log above); rerun to resume it")
+    return run
+
+
+def train_sft(task: str, policy: str, seed: int, args: argparse.Namespace) -> Path:
+    """warm-start, sft-oracle or sft-teacher: ``memopd.sft`` of the student with the warm start's
+    recipe (``memopd.learn.models.warm_start_student``), for the warm start's steps or those plus the
+    RL steps, on oracle trajectories or on the teacher's."""
+    from memopd.eval import evaluate as run_eval
+    from memopd.sft import SFTConfig, run as run_sft
+
+    out = Path(args.out) / task / f"{policy}-s{seed}"
+    if (out / "config.json").is_file():
+        return out
+    _, cfg = rl_config(task, "memopd", seed, args)
+    steps = cfg.student_warmup_steps + (0 if policy == "warm-start" else cfg.steps)
+    episodes = None
+    if policy == "sft-teacher":  # the teacher's own trajectories at L, sampled once per task
+        sampled = Path(args.out) / task / "teacher-samples"
+        if not (sampled / "episodes.jsonl").is_file():
+            n = 8 if args.smoke else TEACHER_SAMPLES
+            run_eval([*env_argv(task, args.train_chunks), "--model", teacher_dir(task, args), "--split", "train",
+                      "--episodes", str(n), "--temperature", "1", "--seed", "0", "--threads", str(args.threads),
+                      "--no-progress", "--out", str(sampled), "--overwrite"])
+        episodes = str(sampled / "episodes.jsonl")
+    env_kwargs = {**TASKS[task], "num_chunks": args.train_chunks}
+    run_sft(SFTConfig(env=f"memgym/{task}-v0", env_kwargs=env_kwargs, model=STUDENT, out=str(out), seed=seed + 2,
+                      threads=args.threads, progress=False, episodes=episodes, num_episodes=1000, steps=steps,
+                      batch_episodes=cfg.questions_per_step * cfg.group_size, lr=3e-3, warmup_steps=10,
+                      checkpoint_every=25), progress=False)
+    return out
+
+
+def model_of(task: str, policy: str, seed: int, args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The model to evaluate and the agent flags of ``memopd.eval``."""
+    if policy in RL:
+        return str(train_rl(task, policy, seed, args)), []
+    if policy in SFT:
+        return str(train_sft(task, policy, seed, args)), []
+    top_k = FIXED[policy]
+    return teacher_dir(task, args), ([] if top_k is None else ["--agent", "rag-memagent", "--agent-kwarg",
+                                                                 f"top_k={top_k}"])
+
+
+# --- evaluation --------------------------------------------------------------------------------------------
+def eval_cell(task: str, policy: str, seed: int, n: int, args: argparse.Namespace) -> dict[str, Any] | None:
+    """One policy, seed and length: its per-episode F1 (read back when a run did it)."""
+    from agents.records import load_episodes
+    from memopd.eval import evaluate as run_eval
+
+    row_path = Path(args.out) / "rows" / f"{task}-{policy}-s{seed}-{n}.json"
+    if row_path.is_file():
+        return json.loads(row_path.read_text())
+    if args.cached_only:
+        return None
+    model, agent = model_of(task, policy, seed, args)
+    out = Path(args.out) / "eval" / f"{task}-{policy}-s{seed}-{n}"
+    t0 = time.perf_counter()
+    summary = run_eval([*env_argv(task, n), "--model", model, *agent, "--episodes", str(episodes_at(n, args)),
+                        "--temperature", "0", "--top-k", "1", "--threads", str(args.threads), "--no-progress",
+                        "--out", str(out), "--overwrite"])
+    f1 = [e.metrics.get("f1", 0.0) for e in load_episodes(out / "episodes.jsonl").episodes]
+    row = {"task": task, "policy": policy, "seed": seed, "num_chunks": n, "f1": f1, "mean_f1": sum(f1) / len(f1),
+           "calls_per_s": summary.get("calls_per_s"), "eval_s": time.perf_counter() - t0}
+    row_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = row_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(row) + "\n")
+    tmp.replace(row_path)  # a killed write leaves no half row
+    print(f"{task} {policy} seed {seed} @ {n} chunks: F1 {row['mean_f1']:.3f} ({len(f1)} episodes)", flush=True)
+    return row
+
+
+def seeds_of(policy: str, args: argparse.Namespace) -> list[int]:
+    return [0] if policy in FIXED else args.seeds
+
+
+# --- the report --------------------------------------------------------------------------------------------
+def drop_lower_bound(rows: list[dict[str, Any]], short: int, long: int, draws: int = 2000) -> dict[str, float]:
+    """F1(long) - F1(short) over seeds, and its one-sided 95% lower bound by a two-level bootstrap:
+    seeds with replacement, then each drawn seed's episodes at both lengths with replacement."""
+    by_seed = {}
+    for r in rows:
+        by_seed.setdefault(r["seed"], {})[r["num_chunks"]] = r["f1"]
+    seeds = sorted(s for s, got in by_seed.items() if short in got and long in got)
+    if not seeds:
+        return {}
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    point = mean([mean(by_seed[s][long]) - mean(by_seed[s][short]) for s in seeds])
+    rng = random.Random(0)
+    boot = []
+    for _ in range(draws):
+        diffs = []
+        for s in rng.choices(seeds, k=len(seeds)):
+            a, b = by_seed[s][short], by_seed[s][long]
+            diffs.append(mean(rng.choices(b, k=len(b))) - mean(rng.choices(a, k=len(a))))
+        boot.append(mean(diffs))
+    boot.sort()
+    return {"drop": point, "lower_95": boot[int(0.05 * draws)], "seeds": len(seeds)}
+
+
+def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Per task and policy: F1 mean ± sd over seeds at each length, and the drop from L to 32L."""
+    out: dict[str, Any] = {}
+    short, long = min(args.lengths), max(args.lengths)
+    for task in args.tasks:
+        for policy in args.policies:
+            cells = [r for r in rows if r["task"] == task and r["policy"] == policy]
+            if not cells:
+                continue
+            at = {}
+            for n in sorted({r["num_chunks"] for r in cells}):
+                means = [r["mean_f1"] for r in cells if r["num_chunks"] == n]
+                mu = sum(means) / len(means)
+                sd = math.sqrt(sum((m - mu) ** 2 for m in means) / (len(means) - 1)) if len(means) > 1 else 0.0
+                at[str(n)] = {"f1": mu, "sd": sd, "seeds": len(means)}
+            out.setdefault(task, {})[policy] = {"by_length": at, **drop_lower_bound(cells, short, long)}
+    return out
+
+
+def verdicts(summary: dict[str, Any]) -> dict[str, str]:
+    """Per task: holds / does not hold / not tested, by the claim and its required contrast."""
+    said = {}
+    for task, policies in summary.items():
+        memopd, warm = policies.get("memopd", {}), policies.get("warm-start", {})
+        if "lower_95" not in memopd or "drop" not in warm:
+            said[task] = "not tested yet: the memopd and warm-start policies need both ends of the ladder"
+        elif warm["drop"] > CONTRAST:
+            said[task] = f"too easy: the warm start drops {warm['drop']:+.3f}, less than the {CONTRAST} contrast"
+        elif memopd["lower_95"] > CLAIM_MARGIN:
+            said[task] = f"holds: memopd's drop {memopd['drop']:+.3f}, lower bound {memopd['lower_95']:+.3f}"
+        else:
+            said[task] = f"does not hold: memopd's drop {memopd['drop']:+.3f}, lower bound {memopd['lower_95']:+.3f}"
+    return said
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    """F1 against chunks (log axis), one line per policy with a ±sd band, a panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(summary)
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(5 * max(1, len(tasks)), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for policy, got in summary[task].items():
+            xs = sorted(int(n) for n in got["by_length"])
+            ys = [got["by_length"][str(n)]["f1"] for n in xs]
+            sd = [got["by_length"][str(n)]["sd"] for n in xs]
+            (line,) = ax.plot(xs, ys, marker="o", label=policy)
+            ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
+                            color=line.get_color(), alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(task)
+        ax.set_xlabel("input length (chunks)")
+        ax.set_ylabel("held-out F1")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import memgym  # noqa: F401  (registers the envs)
+
+    t0 = time.perf_counter()
+    rows = []
+    for task in args.tasks:  # the cheap, seedless policies first: the teacher is built for every other
+        for policy in sorted(args.policies, key=lambda p: p not in FIXED):
+            for seed in seeds_of(policy, args):
+                for n in args.lengths:
+                    row = eval_cell(task, policy, seed, n, args)
+                    if row is not None:
+                        rows.append(row)
+    summary = summarise(rows, args)
+    import torch
+    import transformers
+
+    results = {"command": "python examples/long_horizon.py" + (" --smoke" if args.smoke else ""),
+               "tasks": {t: TASKS[t] for t in args.tasks}, "train_chunks": args.train_chunks,
+               "lengths": args.lengths, "policies": args.policies, "seeds": args.seeds, "student": STUDENT,
+               "claim": {"margin": CLAIM_MARGIN, "contrast": CONTRAST}, "summary": summary,
+               "verdicts": verdicts(summary), "rows": [{k: v for k, v in r.items()} for r in rows],
+               "wall_s_this_invocation": time.perf_counter() - t0,
+               "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                            "transformers": transformers.__version__}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results) + "\n")
+    if summary:
+        plot(summary, out / "length.png")
+    for task, said in results["verdicts"].items():
+        print(f"{task}: {said}")
+    print(f"saved {out / 'results.json'}")
+    if args.publish:
+        Path(args.publish).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "results.json", args.publish)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
