@@ -13,8 +13,8 @@ test was too easy).
 The tasks (``TASKS``), each in the digit presets' tokens with random document numbering (the
 length-robust inputs of docs/RESULTS.md, "Length-robust inputs"), in chunks of 48 tokens (random
 labels need more than the binding tasks' default 32) and a 16-token memory, only ``num_chunks``
-changing between training and evaluation: one-hop LongQA, KnowledgeUpdate (two people, the latest
-city of each) and Counting (two running counts).
+changing between training and evaluation: one-hop LongQA, KnowledgeUpdate (the latest of a
+person's cities) and Counting (two running counts).
 
 The policies (``POLICIES``), all trained at L on the same task with the same student
 (``tiny-digits``) and teacher (the auto teacher of ``memopd.train --teacher auto``: the embedded

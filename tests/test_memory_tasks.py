@@ -105,7 +105,8 @@ def test_answers_agree_with_an_independent_solver(task, kw):
     answers_agree(task, kw)
 
 
-@pytest.mark.parametrize("kw", [{"keys": 2}, {"keys": 4, "max_count": 5, "distractor_similarity": 1.0, "num_chunks": 9}])
+@pytest.mark.parametrize("kw", [{"keys": 2},
+                                {"keys": 4, "max_count": 5, "distractor_similarity": 1.0, "num_chunks": 9}])
 def test_several_counts_agree_with_an_independent_solver(kw):
     answers_agree("Counting", kw)
 
@@ -196,16 +197,16 @@ def test_one_person_draws_the_samples_it_drew_before_the_people_option():
     assert h.hexdigest()[:16] == "9ef2295207a37797"
 
 
-@pytest.mark.parametrize("task", ["KnowledgeUpdate", "Counting"])
-def test_two_items_bind_a_budget_of_one(task):
+@pytest.mark.parametrize("task,kw", [("KnowledgeUpdate", {"people": 2}), ("Counting", {})])
+def test_two_items_bind_a_budget_of_one(task, kw):
     """In the digit presets' tokens one item (``petra perth .``, ``mila seville 3``) fits 4 tokens and
-    two do not: at the defaults (two people, two counts) the oracle at 4 tokens answers one of two."""
+    two do not: two people, or two counts (Counting's default), and the oracle at 4 tokens answers one of two."""
     from agents.models import load_tokenizer
 
     tok = load_tokenizer("tiny-digits")
-    big = oracle_f1(f"memgym/{task}-v0", 16, tokenizer=tok, memory_budget=16)
+    big = oracle_f1(f"memgym/{task}-v0", 16, tokenizer=tok, memory_budget=16, **kw)
     with pytest.warns(UserWarning, match="cannot hold"):
-        small = oracle_f1(f"memgym/{task}-v0", 16, tokenizer=tok, memory_budget=4)
+        small = oracle_f1(f"memgym/{task}-v0", 16, tokenizer=tok, memory_budget=4, **kw)
     assert big == 1.0 and 0.5 < small < 0.9
 
 
