@@ -233,3 +233,25 @@ def threads(d: Data) -> str:
     rows = [[t, f(r["sft_s"], 1), f(r["train_s"], 1), f(r["total_s"], 1), f"{r['total_s'] / one:.2f}x"]
             for t, r in sorted(res.items())]
     return md(["--threads", "teacher SFT s", "training s", "total s", "x --threads 1"], rows)
+
+
+GPU_CHECK = "gpu_check/results.json"
+
+
+@table("benchmarks.gpu_check")
+def gpu_check(d: Data) -> str:
+    """benchmarks/gpu_check.py on one GPU: each lowering's packed logits against the model's own
+    forward of every call alone, and its gradient against the dense sdpa lowering's."""
+    rows = [[r["model"], r["dtype"], r["lowering"], f"{r['max_abs_dlogit']:.1e}", f"{r['tol']:.0e}",
+             f"{r['grad_diff_vs_sdpa']:.1e}", r["verdict"]] for r in d(GPU_CHECK)["rows"]]
+    return md(["model", "dtype", "lowering", "max abs logit diff vs alone", "tolerance", "grad diff vs sdpa",
+               "verdict"], rows)
+
+
+@table("benchmarks.gpu_check_timing")
+def gpu_check_timing(d: Data) -> str:
+    """The timing section: actor forward + backward, padded against the packed lowerings (one run)."""
+    timing = d(GPU_CHECK)["timing"]
+    base = timing[0]["ms"]
+    return md(["layout, lowering", "ms (best of 3)", "speed-up vs padded"],
+              [[f"({t['case']}) {t['what']}", f(t["ms"], 1), f"{base / t['ms']:.2f}x"] for t in timing])
