@@ -5,8 +5,7 @@
     python examples/memory_binds.py --smoke --out DIR             # the pipeline in a few minutes (tests/test_length_memory_studies.py)
 
 KnowledgeUpdate, MultiValue, VariableTracking and Counting at their defaults (their task.toml: 4 chunks
-of 32 tokens; KnowledgeUpdate's of 64), in the digit presets' tokens, and LongQA's default for
-contrast. The parts (`--parts`):
+of 32 tokens), in the digit presets' tokens, and LongQA's default for contrast. The parts (`--parts`):
 
   ladder    the oracle's F1 at each budget of ``LADDER`` (no model): what the budget lets an agent
             that keeps exactly what is needed score. On LongQA one fact of 3 tokens is all it needs.
@@ -43,11 +42,11 @@ LADDER = (16, 8, 6, 4, 3, 2, 1)
 BUDGETS = {  # task -> (large, small) for the students: the small one holds less than the oracle keeps
     "MultiValue": (16, 3),  # 2 facts of 3 tokens: 3 holds one
     "VariableTracking": (16, 1),  # a chain of 2 names: 1 holds one
-    "KnowledgeUpdate": (16, 3),  # one fact of 3 tokens (the latest): 3 hold it, not a log of updates
+    "KnowledgeUpdate": (16, 3),  # two people's latest facts (people=2) of 3-4 tokens: 3 hold one
     "Counting": (16, 4),  # two counts (keys=2) of 4 tokens (`mila seville 3`): 4 hold one
 }
-"""A budget below one item holds nothing the oracle keeps (KnowledgeUpdate's state is one fact, and
-Counting's items are one count each): memopd.train refuses it (no memory in the teacher's data)."""
+"""A budget below one item holds nothing the oracle keeps (KnowledgeUpdate's items are one fact each,
+Counting's one count each): memopd.train refuses it (no memory in the teacher's data)."""
 PARTS = ("ladder", "teacher", "students")
 SMOKE_TRAIN = ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--eval-episodes", "4",
                "--student-warmup-steps", "2", "--teacher", "tiny-teacher-digits", "--eval-every", "0"]
@@ -144,9 +143,13 @@ def teacher_cell(task: str, budget: int, args: argparse.Namespace) -> dict[str, 
             run_sft(SFTConfig(env=env, env_kwargs=env_kwargs, out=str(out), seed=1, threads=args.threads,
                               progress=False, **{**TEACHER_SFT, "model": "tiny-teacher-digits", "steps": 2,
                                                  "num_episodes": 8, "batch_episodes": 4}), progress=False)
-    else:
+    else:  # the teacher memopd.train builds: the task's [train] table may change its steps
+        from memgym.registry import TASKS, resolve_id
+
+        steps = TASKS[resolve_id(env)].train.get("teacher_sft_steps", TEACHER_SFT["steps"])
         out = Path(ensure_teacher(SimpleNamespace(env=env, env_kwargs=env_kwargs, model="tiny-digits", teacher="auto",
-                                                  seed=0, threads=args.threads, progress=False)))
+                                                  seed=0, threads=args.threads, progress=False,
+                                                  teacher_sft_steps=steps)))
     losses = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
     _, f1 = evaluate(Path(args.out) / "teacher-eval" / f"{task}-{budget}", task,
                      ["--model", str(out), "--episodes", str(args.episodes), "--threads", str(args.threads),

@@ -3,6 +3,7 @@ at either side of a metrics row), NaN losses are handled, bad input is refused l
 directory left behind), the trained model is usable (run dir, checkpoint, export), and OPD lowers
 the student's KL to its teacher."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -534,3 +535,28 @@ def test_a_mix_takes_every_tasks_train_table_and_refuses_a_disagreement(tmp_path
     finally:
         for name in ("MixRecA", "MixRecB"):
             registry.TASKS.pop(f"memgym/{name}-v0", None)
+
+
+def test_teacher_sft_steps_sets_the_auto_teachers_steps_and_its_cache_key():
+    """--teacher-sft-steps is the auto teacher's SFT steps; at its default the cache key is the one of
+    the recipe without the option (every cached teacher is found again), and other steps build
+    another teacher. KnowledgeUpdate's task.toml recommends 750."""
+    import hashlib
+    import json
+
+    from agents.presets import PRESET_FORMAT
+    from memgym.registry import get_task
+    from memopd.learn.models import TEACHER_SFT, default_teacher_dir, teacher_recipe
+
+    cfg = train.prepare(train.TrainConfig(env="memgym/LongQA-v0", env_kwargs={"num_chunks": 3}))
+    assert cfg.teacher_sft_steps == 250 and teacher_recipe(cfg) == {**TEACHER_SFT, "model": "tiny-teacher"}
+    key = json.dumps({"env": cfg.env, "env_kwargs": {"num_chunks": 3}, "task": get_task(cfg.env).fingerprint(),
+                      "preset_format": PRESET_FORMAT, **TEACHER_SFT}, sort_keys=True)
+    assert default_teacher_dir(cfg).name == hashlib.sha256(key.encode()).hexdigest()[:16]
+    longer = dataclasses.replace(cfg, teacher_sft_steps=750)
+    assert teacher_recipe(longer)["steps"] == 750 and default_teacher_dir(longer) != default_teacher_dir(cfg)
+    ku = train.prepare(train.TrainConfig(env="memgym/KnowledgeUpdate-v0"))
+    assert ku.teacher_sft_steps == 750
+    given = train.prepare(train.TrainConfig(env="memgym/KnowledgeUpdate-v0", teacher_sft_steps=100),
+                          explicit={"teacher_sft_steps"})
+    assert given.teacher_sft_steps == 100

@@ -31,10 +31,12 @@ the cache key: it does not change the teacher)."""
 
 def teacher_recipe(cfg: CoreConfig) -> dict[str, Any]:
     """The auto teacher's SFT settings: :data:`TEACHER_SFT`, with the teacher preset that shares the
-    student's tokenizer (``tiny-teacher-digits`` for ``tiny-digits``; else ``tiny-teacher``)."""
+    student's tokenizer (``tiny-teacher-digits`` for ``tiny-digits``; else ``tiny-teacher``) and
+    ``--teacher-sft-steps`` (its default is the recipe's, so the cache key of a default run is unchanged)."""
     from agents.presets import TEACHER_OF
 
-    return {**TEACHER_SFT, "model": TEACHER_OF.get(cfg.model, TEACHER_SFT["model"])}
+    return {**TEACHER_SFT, "model": TEACHER_OF.get(cfg.model, TEACHER_SFT["model"]),
+            "steps": getattr(cfg, "teacher_sft_steps", TEACHER_SFT["steps"])}
 
 
 def default_teacher_dir(cfg: CoreConfig) -> Path:

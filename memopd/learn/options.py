@@ -39,6 +39,10 @@ class RunOptions:
                                       "(a stock vllm serve, e.g. http://127.0.0.1:8000/v1; see --teacher-model); "
                                       "'auto' = the tiny-teacher preset fine-tuned on oracle trajectories of --env "
                                       "(built and cached on first use)")
+    teacher_sft_steps: int = field(250, help="SFT steps of the auto teacher (--teacher auto), 32 oracle trajectories "
+                                            "each: the embedded recipe's 250, or what the task's task.toml [train] "
+                                            "table recommends for a task the recipe learns more slowly",
+                                   range=(1, None))
     teacher_routes: list = field(default_factory=list, repeat=True, table=lambda t: [f"{k}={v}" for k, v in t.items()],
                                  help="a teacher per env and per call role (memopd.learn.teachers.routing): one "
                                       "route per use, KEY=SPEC with KEY ENV:ROLE, ENV, memory, answer or * (ENV an "
