@@ -13,9 +13,9 @@ token F1 does not score the order). The memory must hold P facts and overwrite e
 keeps the latest fact of each person (``alice rome . bob oslo .``), as many as the budget holds,
 and answers the cities it holds, so a budget of one fact's tokens holds one person of P.
 
-Knobs: ``updates`` (default 1; harder: more), ``people`` (default 1: one fact fits any budget that
-holds a fact at all, so one person never makes the memory bind; two do, but the embedded teacher
-recipe did not learn two at any size tried), the shared ones of
+Knobs: ``updates`` (default 1; harder: more), ``people`` (default 1 here, which the digit presets'
+tokenizer corpus reads; the task's own default, in its task.toml, is 2: one fact fits any budget
+that holds a fact at all, so one person never makes the memory bind), the shared ones of
 :class:`memgym.generators.memory_tasks.MemoryTaskConfig`.
 """
 
