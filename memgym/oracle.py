@@ -13,7 +13,7 @@ answer needs does not answer right, and :meth:`OracleScript.missing` says what i
 from __future__ import annotations
 
 import re
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 
 @runtime_checkable
@@ -37,6 +37,24 @@ class OracleScript(Protocol):
 def contains(text: str, item: str) -> bool:
     """``item`` occurs in ``text`` as whole words (``"al ice ."`` must not match ``"mal ice ."``)."""
     return re.search(r"(?<!\w)" + re.escape(item) + r"(?!\w)", text) is not None
+
+
+class EachOf:
+    """Several keys asked at once, a script each: the memory holds their items in the question's
+    order, the answer is the answers of the keys the memory still knows (``known`` says one, or
+    ``""``: a key it lost is left out, not guessed), and what it lacks is what each lacks."""
+
+    def __init__(self, scripts: Sequence[OracleScript], known: Callable[[OracleScript, str], str]):
+        self.scripts, self.known = list(scripts), known
+
+    def update(self, memory: str, chunk: str) -> list[str]:
+        return [item for s in self.scripts for item in s.update(memory, chunk)]
+
+    def answer(self, memory: str) -> str:
+        return " ".join(a for a in (self.known(s, memory) for s in self.scripts) if a)
+
+    def missing(self, memory: str) -> list[str]:
+        return [item for s in self.scripts for item in s.missing(memory)]
 
 
 class FactsScript:

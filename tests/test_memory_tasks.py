@@ -149,22 +149,6 @@ def test_two_counts_by_hand():
     assert sample.oracle.missing("george dhaka 3") == ["mila seville 3"]
 
 
-def test_one_count_draws_the_samples_it_drew_before_the_keys_option():
-    """keys=1 (the module default) consumes the random stream as the task did before ``keys``: the
-    hash of 100 samples' text, answers, facts and metadata is the one recorded then."""
-    import hashlib
-    import json
-
-    h = hashlib.sha256()
-    for kw in ({}, {"distractor_similarity": 0.5, "num_chunks": 9, "max_count": 5}):
-        source = counting.make_source("train", 3, **kw)
-        for i in range(50):
-            s = source[i]
-            h.update(json.dumps([s.id, s.question, s.answers, s.supporting_facts, s.metadata, chunks_of(s)],
-                                sort_keys=True).encode())
-    assert h.hexdigest()[:16] == "6a4ca08f9e55f335"
-
-
 def test_two_people_by_hand():
     """people=2, sample 0 of the test split: zane athens (chunk 0) -> riyadh (3), petra austin (2) ->
     perth (3); the oracle keeps the latest of each, in the question's order, and overwrites both."""
@@ -183,18 +167,22 @@ def test_two_people_by_hand():
     assert sample.oracle.missing("petra austin . zane riyadh .") == ["petra perth ."]  # a stale fact is missing
 
 
-def test_one_person_draws_the_samples_it_drew_before_the_people_option():
+@pytest.mark.parametrize("module,kw,digest", [
+    (counting, {"max_count": 5}, "6a4ca08f9e55f335"), (knowledge_update, {"updates": 3}, "9ef2295207a37797")])
+def test_one_key_draws_the_samples_it_drew_before_the_option(module, kw, digest):
+    """keys=1 / people=1 (the modules' default) consume the random stream as the tasks did before
+    the option: the hash of 100 samples' text, answers, facts and metadata is the one recorded then."""
     import hashlib
     import json
 
     h = hashlib.sha256()
-    for kw in ({}, {"distractor_similarity": 0.5, "num_chunks": 9, "updates": 3}):
-        source = knowledge_update.make_source("train", 3, **kw)
+    for extra in ({}, {"distractor_similarity": 0.5, "num_chunks": 9, **kw}):
+        source = module.make_source("train", 3, **extra)
         for i in range(50):
             s = source[i]
             h.update(json.dumps([s.id, s.question, s.answers, s.supporting_facts, s.metadata, chunks_of(s)],
                                 sort_keys=True).encode())
-    assert h.hexdigest()[:16] == "9ef2295207a37797"
+    assert h.hexdigest()[:16] == digest
 
 
 @pytest.mark.parametrize("task,kw", [("KnowledgeUpdate", {"people": 2}), ("Counting", {})])

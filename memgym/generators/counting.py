@@ -28,6 +28,7 @@ from typing import Any
 from memgym.generators.longqa import CITIES, PERSONS
 from memgym.generators.memory_tasks import Drawn, MemoryTaskConfig, make_source_for, need
 from memgym.generators.planning import PlacedFact
+from memgym.oracle import EachOf
 
 QUESTION = "how many times does {keys} ?"
 KEY = "{person} visit {city}"
@@ -57,23 +58,6 @@ class CountScript:
 
     def missing(self, memory: str) -> list[str]:
         return [] if self.held(memory) == self.count else [f"{self.head} {self.count}"]
-
-
-class CountEachScript:
-    """Several keys: keep ``person city n`` for each, in the question's order; answer the counts held."""
-
-    def __init__(self, scripts: list[CountScript]):
-        self.scripts = scripts
-
-    def update(self, memory: str, chunk: str) -> list[str]:
-        return [item for s in self.scripts for item in s.update(memory, chunk)]
-
-    def answer(self, memory: str) -> str:
-        # A count the memory lost is left out, not guessed: the answer says what the memory knows.
-        return " ".join(str(n) for n in (s.held(memory) for s in self.scripts) if n)
-
-    def missing(self, memory: str) -> list[str]:
-        return [item for s in self.scripts for item in s.missing(memory)]
 
 
 class Counting:
@@ -121,8 +105,13 @@ class Counting:
         metadata: dict[str, Any] = ({"person": people[0], "city": cities[0], "count": keys[0][2]} if len(keys) == 1
                                     else {"keys": [{"person": p, "city": c, "count": n} for p, c, n, _ in keys]})
         return Drawn(question=question, answers=[" ".join(str(k[2]) for k in keys)], facts=facts,
-                     supporting_facts=support, oracle=scripts[0] if len(keys) == 1 else CountEachScript(scripts),
+                     supporting_facts=support, oracle=scripts[0] if len(keys) == 1 else EachOf(scripts, _count_known),
                      distractor=distractor, metadata=metadata)
+
+
+def _count_known(script: CountScript, memory: str) -> str:
+    n = script.held(memory)
+    return str(n) if n else ""
 
 
 TASK = Counting()

@@ -28,7 +28,7 @@ from typing import Any
 from memgym.generators.longqa import CITIES, PERSONS
 from memgym.generators.memory_tasks import Drawn, MemoryTaskConfig, make_source_for, need, someone_else
 from memgym.generators.planning import PlacedFact
-from memgym.oracle import contains
+from memgym.oracle import EachOf, contains
 
 QUESTION = "where does {person} live now ?"
 QUESTION_SEVERAL = "where do {people} live now ?"
@@ -56,23 +56,6 @@ class LatestScript:
 
     def missing(self, memory: str) -> list[str]:
         return [] if contains(memory, self.final) else [self.final]
-
-
-class LatestOfEachScript:
-    """Several people: keep the latest fact of each, in the question's order; answer the cities held."""
-
-    def __init__(self, scripts: list[LatestScript]):
-        self.scripts = scripts
-
-    def update(self, memory: str, chunk: str) -> list[str]:
-        return [item for s in self.scripts for item in s.update(memory, chunk)]
-
-    def answer(self, memory: str) -> str:
-        # A person the memory lost is left out, not guessed: the answer says what the memory knows.
-        return " ".join(city for city in (s.answer(memory) for s in self.scripts) if city)
-
-    def missing(self, memory: str) -> list[str]:
-        return [item for s in self.scripts for item in s.missing(memory)]
 
 
 class KnowledgeUpdate:
@@ -116,7 +99,7 @@ class KnowledgeUpdate:
             question = QUESTION.format(person=people[0])
             metadata = {"person": people[0], "values": drawn[0][1], "updates": n - 1}
         return Drawn(question=question, answers=[" ".join(cities[-1] for _, cities, _ in drawn)], facts=facts,
-                     supporting_facts=support, oracle=LatestOfEachScript(scripts) if several else scripts[0],
+                     supporting_facts=support, oracle=EachOf(scripts, LatestScript.answer) if several else scripts[0],
                      distractor=someone_else(*people), metadata=metadata)
 
 
