@@ -7,8 +7,9 @@
 
 The claim under test (docs/RESULTS.md, "The long-horizon study"): a compact-memory student trained at
 L keeps its F1 at 32L, the one-sided 95% lower bound of F1(32L) - F1(L) above -0.05 (bootstrap over
-seeds, then episodes within each seed), where the untrained warm start drops by at least 0.3 (else the
-test was too easy).
+seeds, then episodes within each seed), where a policy that can fall (the untrained warm start; the
+full-context agent, once this script trains it) scores at least 0.3 at L and drops by at least 0.3
+(else the test was too easy, or, with no such policy, not made).
 
 The tasks (``TASKS``), each in the digit presets' tokens with random document numbering (the
 length-robust inputs of docs/RESULTS.md, "Length-robust inputs"), in chunks of 48 tokens (random
@@ -77,7 +78,10 @@ TEACHER_SAMPLES = 1000
 CLAIM_MARGIN = -0.05
 """The claim: the one-sided 95% lower bound of F1(32L) - F1(L) is above this."""
 CONTRAST = -0.3
-"""The required contrast: the untrained warm start drops by at least this much."""
+"""The required contrast: a policy that can fall drops by at least this much."""
+CONTRAST_POLICIES = ("warm-start",)
+"""The policies that must fall where the claim is tested (the full-context agent joins them when the
+script trains it)."""
 SMOKE = {"lengths": (3, 6), "train_chunks": 3, "episodes": 4,
          "train": ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--student-warmup-steps", "2",
                    "--eval-episodes", "2", "--eval-every", "0", "--teacher", "tiny-teacher-digits"]}
@@ -271,14 +275,22 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, str]:
-    """Per task: holds / does not hold / not tested, by the claim and its required contrast."""
+    """Per task: holds / does not hold / not tested, by the claim and its required contrast: a
+    policy that can fall (the untrained warm start, later the full-context agent) must score at
+    least ``-CONTRAST`` at L and drop by at least that much, or the test was too easy."""
     said = {}
     for task, policies in summary.items():
-        memopd, warm = policies.get("memopd", {}), policies.get("warm-start", {})
-        if "lower_95" not in memopd or "drop" not in warm:
-            said[task] = "not tested yet: the memopd and warm-start policies need both ends of the ladder"
-        elif warm["drop"] > CONTRAST:
-            said[task] = f"too easy: the warm start drops {warm['drop']:+.3f}, less than the {CONTRAST} contrast"
+        memopd = policies.get("memopd", {})
+        contrast = [p for p in CONTRAST_POLICIES if "drop" in policies.get(p, {})]
+        able = [p for p in contrast if policies[p]["by_length"][min(policies[p]["by_length"], key=int)]["f1"]
+                >= -CONTRAST]
+        if "lower_95" not in memopd:
+            said[task] = "not tested yet: the memopd policy needs both ends of the ladder"
+        elif not able:
+            said[task] = (f"not tested: no contrast policy ({', '.join(CONTRAST_POLICIES)}) scores {-CONTRAST} at L, "
+                          "so none can show the required drop")
+        elif all(policies[p]["drop"] > CONTRAST for p in able):
+            said[task] = f"too easy: no contrast policy drops by {-CONTRAST} ({', '.join(able)})"
         elif memopd["lower_95"] > CLAIM_MARGIN:
             said[task] = f"holds: memopd's drop {memopd['drop']:+.3f}, lower bound {memopd['lower_95']:+.3f}"
         else:

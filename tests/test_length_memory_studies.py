@@ -101,3 +101,5 @@ def test_long_horizon_drop_and_verdicts_by_hand():
     assert lh.verdicts(lh.summarise(rows, args))["T"].startswith("does not hold")
     rows = cells("memopd", [1.0, 1.0], [1.0, 1.0]) + cells("warm-start", [0.9, 0.9], [0.9, 0.8])
     assert lh.verdicts(lh.summarise(rows, args))["T"].startswith("too easy")
+    rows = cells("memopd", [1.0, 1.0], [1.0, 1.0]) + cells("warm-start", [0.03, 0.02], [0.0, 0.0])
+    assert lh.verdicts(lh.summarise(rows, args))["T"].startswith("not tested: no contrast policy")
