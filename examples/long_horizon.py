@@ -326,6 +326,18 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def command(args: argparse.Namespace) -> str:
+    """The command that computes these cells (where they land and --publish aside)."""
+    parts = ["python examples/long_horizon.py"]
+    if args.smoke:
+        parts.append("--smoke")
+    for flag, value, default in (("--tasks", args.tasks, list(TASKS)), ("--policies", args.policies, list(POLICIES)),
+                                 ("--seeds", args.seeds, [0, 1, 2, 3, 4]), ("--lengths", args.lengths, list(LENGTHS))):
+        if value != default and not (args.smoke and flag in ("--seeds", "--lengths")):
+            parts.append(f"{flag} {','.join(map(str, value))}")
+    return " ".join(parts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import memgym  # noqa: F401  (registers the envs)
@@ -343,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import transformers
 
-    results = {"command": "python examples/long_horizon.py" + (" --smoke" if args.smoke else ""),
+    results = {"command": command(args),
                "tasks": {t: TASKS[t] for t in args.tasks}, "train_chunks": args.train_chunks,
                "lengths": args.lengths, "policies": args.policies, "seeds": args.seeds, "student": STUDENT,
                "claim": {"margin": CLAIM_MARGIN, "contrast": CONTRAST}, "summary": summary,

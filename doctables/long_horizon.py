@@ -1,0 +1,27 @@
+"""RESULTS.md, "The long-horizon study": docs/data/long_horizon/ (examples/long_horizon.py)."""
+
+from __future__ import annotations
+
+from doctables.core import Data, f, md, table
+
+STUDY = "long_horizon/results.json"
+
+
+@table("long_horizon.length")
+def length(d: Data) -> str:
+    """F1 against input length per task and policy (mean over the seeds run, ± sd where more than
+    one), and the drop from the shortest to the longest length with its bootstrap lower bound."""
+    res = d(STUDY)
+    lengths = [str(n) for n in res["lengths"]]
+    rows = []
+    for task, policies in res["summary"].items():
+        for policy, got in policies.items():
+            cells = []
+            for n in lengths:
+                c = got["by_length"].get(n)
+                cells.append("–" if c is None else f(c["f1"]) + (f" ± {f(c['sd'])}" if c["seeds"] > 1 else ""))
+            seeds = max(c["seeds"] for c in got["by_length"].values())
+            drop = f"{got['drop']:+.3f} (≥ {got['lower_95']:+.3f})" if "drop" in got else "–"
+            rows.append([task, policy, seeds, *cells, drop])
+    return md(["task", "policy", "seeds", *[f"F1 @ {n} chunks" for n in lengths],
+               f"F1({lengths[-1]}) − F1({lengths[0]}) (95% lower bound)"], rows)
