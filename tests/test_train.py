@@ -63,8 +63,12 @@ def test_gae_critic_persistent_teacher_and_reference_penalty_run(tmp_path):
 
 
 def _run_cli(args, env):
+    # SIGINT at its default in the child, as in a terminal: a runner started in the background (a
+    # shell's `cmd &`) ignores SIGINT, the child would inherit that, and Python then installs no
+    # KeyboardInterrupt handler, so a test's Ctrl-C would be lost.
     return subprocess.Popen([sys.executable, "-m", "memopd.train", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.slow
