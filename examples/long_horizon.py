@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "tasks": {t: TASKS[t] for t in args.tasks}, "train_chunks": args.train_chunks,
                "lengths": args.lengths, "policies": args.policies, "seeds": args.seeds, "student": STUDENT,
                "claim": {"margin": CLAIM_MARGIN, "contrast": CONTRAST}, "summary": summary,
-               "verdicts": verdicts(summary), "rows": [{k: v for k, v in r.items()} for r in rows],
+               "verdicts": verdicts(summary), "rows": rows,
                "wall_s_this_invocation": time.perf_counter() - t0,
                "versions": {"python": platform.python_version(), "torch": torch.__version__,
                             "transformers": transformers.__version__}}

@@ -130,8 +130,6 @@ def teacher(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def teacher_cell(task: str, budget: int, args: argparse.Namespace) -> dict[str, Any]:
-    from types import SimpleNamespace
-
     from memopd.learn.models import TEACHER_SFT, ensure_teacher
     from memopd.sft import SFTConfig, run as run_sft
 
@@ -143,13 +141,11 @@ def teacher_cell(task: str, budget: int, args: argparse.Namespace) -> dict[str, 
             run_sft(SFTConfig(env=env, env_kwargs=env_kwargs, out=str(out), seed=1, threads=args.threads,
                               progress=False, **{**TEACHER_SFT, "model": "tiny-teacher-digits", "steps": 2,
                                                  "num_episodes": 8, "batch_episodes": 4}), progress=False)
-    else:  # the teacher memopd.train builds: the task's [train] table may change its steps
-        from memgym.registry import TASKS, resolve_id
+    else:  # the teacher memopd.train builds, its config resolved as memopd.train does (the task's [train] table)
+        from memopd import train
 
-        steps = TASKS[resolve_id(env)].train.get("teacher_sft_steps", TEACHER_SFT["steps"])
-        out = Path(ensure_teacher(SimpleNamespace(env=env, env_kwargs=env_kwargs, model="tiny-digits", teacher="auto",
-                                                  seed=0, threads=args.threads, progress=False,
-                                                  teacher_sft_steps=steps)))
+        out = Path(ensure_teacher(train.prepare(train.TrainConfig(env=env, env_kwargs=env_kwargs, model="tiny-digits",
+                                                                  threads=args.threads, progress=False))))
     losses = [json.loads(line)["loss"] for line in (out / "sft_metrics.jsonl").read_text().splitlines()]
     _, f1 = evaluate(Path(args.out) / "teacher-eval" / f"{task}-{budget}", task,
                      ["--model", str(out), "--episodes", str(args.episodes), "--threads", str(args.threads),
