@@ -76,8 +76,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="agent constructor option (repeatable), e.g. top_k=5; VALUE is parsed as a Python literal "
                         "when it is one, else kept as a string")
     p.add_argument("--model", default=None,
-                   help="model spec: preset (tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-long, smollm2), "
-                        "model directory, training run directory, .gguf file or hub id. Needed by every agent but "
+                   help="model spec: preset (tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-digits, "
+                        "tiny-teacher-digits, tiny-long, tiny-long-digits, smollm2), model directory, training run directory, .gguf file or hub id. Needed by every agent but "
                         "oracle, for which it only picks the tokenizer of the records (only the tokenizer is loaded; "
                         "default: tiny's)")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
