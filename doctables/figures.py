@@ -85,3 +85,8 @@ def draw_all(data: Data, into: Path) -> list[Path]:
         draw(data, into / name)
         out.append(into / name)
     return out
+
+
+@figure("long_horizon_length.png")
+def long_horizon(d: Data, path: Path) -> None:
+    script("long_horizon").plot(d("long_horizon/results.json")["summary"], path)

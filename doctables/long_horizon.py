@@ -22,6 +22,14 @@ def length(d: Data) -> str:
                 cells.append("–" if c is None else f(c["f1"]) + (f" ± {f(c['sd'])}" if c["seeds"] > 1 else ""))
             seeds = max(c["seeds"] for c in got["by_length"].values())
             drop = f"{got['drop']:+.3f} (≥ {got['lower_95']:+.3f})" if "drop" in got else "–"
-            rows.append([task, policy, seeds, *cells, drop])
+            rows.append([task, policy, seeds, *cells, drop, retained(got.get("retention") or {})])
     return md(["task", "policy", "seeds", *[f"F1 @ {n} chunks" for n in lengths],
-               f"F1({lengths[-1]}) − F1({lengths[0]}) (95% lower bound)"], rows)
+               f"F1({lengths[-1]}) − F1({lengths[0]}) (95% lower bound)", "retention r a chunk (half-life)"], rows)
+
+
+def retained(fit: dict) -> str:
+    """The per-chunk retention rate and its half-life in chunks (none: F1 never halves)."""
+    if "r" not in fit:
+        return "–"
+    half = fit["half_life_chunks"]
+    return f"{fit['r']:.5f} ({'none' if half is None else f'{half:,.0f}'})"

@@ -41,9 +41,15 @@ Each RL and SFT policy runs ``--seeds`` seeds (the teacher and retrieval are det
 Evaluation: greedy, by ``python -m memopd.eval``, on the first ``EPISODES_ENDS`` test episodes at L
 and 32L and ``EPISODES_BETWEEN`` between (``LENGTHS``).
 
+F1 against the distance from the fact to the question (``fact_distances``: chunks read after the
+first chunk that holds a supporting fact with an answer word, from the sample's ``supporting_facts``)
+pools every length's episodes of a policy, in bins of powers of two, with a per-chunk retention rate
+``r`` fitted to it (``retention``: least squares of F1 = a * r**d; a memory that keeps the fact through
+each later call with probability r).
+
 Not yet in this script (the issue's other policies and parts): the full-context agent trained at
-32L (its ceiling: 9,000-token prompts, about 30 times a step at L), a second teacher and warm-start build, F1 against the distance from the fact to the
-question with a per-call retention rate, 1,000 chunks for the best policy.
+32L (its ceiling: 9,000-token prompts, about 30 times a step at L), a second teacher and warm-start
+build, 1,000 chunks for the best policy.
 
 Everything lands in --out (default runs/long-horizon): teacher/<task>/ (the auto teacher's
 evaluation), <task>/<policy>-s<seed>/ (runs and SFT models; a killed run is resumed), eval/ (one
@@ -249,8 +255,10 @@ def eval_cell(task: str, policy: str, seed: int, n: int, args: argparse.Namespac
     summary = run_eval([*env_argv(task, n), "--model", model, *agent, "--episodes", str(episodes_at(n, args)),
                         "--temperature", "0", "--top-k", "1", "--threads", str(args.threads), "--no-progress",
                         "--out", str(out), "--overwrite"])
-    f1 = [e.metrics.get("f1", 0.0) for e in load_episodes(out / "episodes.jsonl").episodes]
+    episodes = load_episodes(out / "episodes.jsonl").episodes
+    f1 = [e.metrics.get("f1", 0.0) for e in episodes]
     row = {"task": task, "policy": policy, "seed": seed, "num_chunks": n, "f1": f1, "mean_f1": sum(f1) / len(f1),
+           "sample_ids": [e.sample_id for e in episodes],
            "calls_per_s": summary.get("calls_per_s"), "eval_s": time.perf_counter() - t0}
     row_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = row_path.with_suffix(".tmp")
@@ -265,6 +273,67 @@ def seeds_of(policy: str, args: argparse.Namespace) -> list[int]:
 
 
 # --- the report --------------------------------------------------------------------------------------------
+_DISTANCES: dict[tuple[str, int], dict[str, int]] = {}
+
+
+def fact_distances(task: str, n: int, sample_ids: Sequence[str]) -> list[int]:
+    """Chunks read after the fact, per test sample at ``n`` chunks: ``n - 1 - c`` with ``c`` the first
+    chunk (0-based) holding a supporting fact with an answer word (every supporting fact where none
+    has one, as in Counting). The memory must carry the answer across these chunks' calls."""
+    import gymnasium as gym
+
+    if (task, n) not in _DISTANCES:
+        _DISTANCES[(task, n)] = {}
+    got = _DISTANCES[(task, n)]
+    missing = [sid for sid in sample_ids if sid not in got]
+    if missing:
+        env = gym.make(f"memgym/{task}-v0", **{**TASKS.get(task, {}), "num_chunks": n}, split="test")
+        source = env.unwrapped.source
+        for sid in missing:
+            sample = source[source.index_of(sid)]
+            words = set(" ".join(map(str, sample.answers)).lower().split())
+            facts = [f for f in sample.supporting_facts if isinstance(f, dict) and "chunk" in f]
+            holding = [f for f in facts if words & set(str(f.get("text", "")).lower().split())] or facts
+            got[sid] = n - 1 - min(int(f["chunk"]) for f in holding)
+        env.close()
+    return [got[sid] for sid in sample_ids]
+
+
+def retention(points: list[tuple[int, float]]) -> dict[str, float | None]:
+    """The per-chunk retention rate: ``r`` and ``a`` of the least-squares fit F1 = a * r**d over
+    (distance, F1) points, ``r`` in [0, 1] (a coarse grid, then a fine one around its best; ``a`` in
+    closed form for each r), and the half-life ``log(0.5) / log(r)`` in chunks (None at r = 1)."""
+    if not points:
+        return {}
+
+    def fit(r: float) -> tuple[float, float]:
+        w = [r ** d for d, _ in points]
+        ww = sum(x * x for x in w)
+        a = sum(x * y for x, (_, y) in zip(w, points)) / ww if ww > 0 else 0.0
+        return sum((y - a * x) ** 2 for x, (_, y) in zip(w, points)), a
+
+    best = min((i / 1000 for i in range(1001)), key=lambda r: fit(r)[0])
+    lo, hi = max(0.0, best - 0.001), min(1.0, best + 0.001)
+    r = min((lo + (hi - lo) * i / 400 for i in range(401)), key=lambda r: fit(r)[0])
+    half = math.log(0.5) / math.log(r) if 0 < r < 1 else (None if r >= 1 else 0.0)  # None: never halves
+    return {"r": r, "a": fit(r)[1], "half_life_chunks": half, "points": len(points)}
+
+
+def by_distance(cells: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], dict[str, float | None]]:
+    """F1 by the chunks read after the fact (bins 0, 1, 2-3, 4-7, ...; every length and seed pooled)
+    and the retention fit. Rows without ``sample_ids`` (the first cells) are the first test samples
+    in order, as ``memopd.eval`` reads them."""
+    points = []
+    for r in cells:
+        ids = r.get("sample_ids") or [f"{r['task'].lower()}-test-0-{i}" for i in range(len(r["f1"]))]
+        points += list(zip(fact_distances(r["task"], r["num_chunks"], ids), r["f1"]))
+    bins: dict[int, list[float]] = {}
+    for d, f in points:
+        bins.setdefault(0 if d == 0 else 1 << (d.bit_length() - 1), []).append(f)
+    table = {str(lo): {"f1": sum(v) / len(v), "episodes": len(v)} for lo, v in sorted(bins.items())}
+    return table, retention(points)
+
+
 def drop_lower_bound(rows: list[dict[str, Any]], short: int, long: int, draws: int = 2000) -> dict[str, float]:
     """F1(long) - F1(short) over seeds, and its one-sided 95% lower bound by a two-level bootstrap:
     seeds with replacement, then each drawn seed's episodes at both lengths with replacement."""
@@ -306,7 +375,9 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
                 mu = sum(means) / len(means)
                 sd = math.sqrt(sum((m - mu) ** 2 for m in means) / (len(means) - 1)) if len(means) > 1 else 0.0
                 at[str(n)] = {"f1": mu, "sd": sd, "seeds": len(means)}
-            out.setdefault(task, {})[policy] = {"by_length": at, **drop_lower_bound(cells, short, long)}
+            table, fitted = by_distance(cells) if task in TASKS else ({}, {})  # (hand-made tasks have no samples)
+            out.setdefault(task, {})[policy] = {"by_length": at, **drop_lower_bound(cells, short, long),
+                                                "by_distance": table, "retention": fitted}
     return out
 
 
@@ -335,27 +406,39 @@ def verdicts(summary: dict[str, Any]) -> dict[str, str]:
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
-    """F1 against chunks (log axis), one line per policy with a ±sd band, a panel per task."""
+    """A panel per task: F1 against input length (top) and against the chunks read after the fact
+    (bottom, where the policies have them), log axes, one line per policy, a ±sd band over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     tasks = list(summary)
-    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(5 * max(1, len(tasks)), 4), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
+    fig, axes = plt.subplots(2, max(1, len(tasks)), figsize=(5 * max(1, len(tasks)), 7.5), squeeze=False)
+    for col, task in enumerate(tasks):
+        top, bottom = axes[0][col], axes[1][col]
         for policy, got in summary[task].items():
             xs = sorted(int(n) for n in got["by_length"])
             ys = [got["by_length"][str(n)]["f1"] for n in xs]
             sd = [got["by_length"][str(n)]["sd"] for n in xs]
-            (line,) = ax.plot(xs, ys, marker="o", label=policy)
-            ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
-                            color=line.get_color(), alpha=0.15)
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_title(task)
-        ax.set_xlabel("input length (chunks)")
-        ax.set_ylabel("held-out F1")
+            (line,) = top.plot(xs, ys, marker="o", label=policy)
+            top.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
+                             color=line.get_color(), alpha=0.15)
+            bins = got.get("by_distance") or {}
+            if bins:
+                ds = sorted(int(d) for d in bins)
+                bottom.plot([d + 1 for d in ds], [bins[str(d)]["f1"] for d in ds], marker=".",
+                            color=line.get_color(), label=policy)
+        top.set_xscale("log", base=2)
+        top.set_title(task)
+        top.set_xlabel("input length (chunks)")
+        bottom.set_xscale("log", base=2)
+        bottom.set_xlabel("chunks read after the fact + 1 (bins of powers of two)")
+        for ax in (top, bottom):
+            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylabel("held-out F1")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -31,7 +31,7 @@ from memopd.learn.plugin import Plugin, StepResult
 ENV = "memgym/LongQA-v0"
 ENV_KWARGS = {"num_chunks": 6, "chunk_size": 48, "memory_budget": 16}
 LOGGED = ("reward", "ratio_mean", "clip_frac", "clip_frac_low", "clip_frac_high", "entropy", "approx_kl",
-          "kl_to_start", "grad_norm", "memory_tokens_per_call", "eval/f1")
+          "kl_to_start", "grad_norm", "memory_tokens_per_call", "step_s", "eval/f1")
 
 
 class KLToStart(Plugin):

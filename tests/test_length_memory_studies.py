@@ -3,6 +3,7 @@ and docs/RESULTS.md's tables rebuilt from the committed results JSON."""
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -103,3 +104,39 @@ def test_long_horizon_drop_and_verdicts_by_hand():
     assert lh.verdicts(lh.summarise(rows, args))["T"].startswith("too easy")
     rows = cells("memopd", [1.0, 1.0], [1.0, 1.0]) + cells("warm-start", [0.03, 0.02], [0.0, 0.0])
     assert lh.verdicts(lh.summarise(rows, args))["T"].startswith("not tested: no contrast policy")
+
+
+def test_long_horizon_fact_distance_by_replaying_the_env():
+    """The chunks read after the fact, against a replay of the env that looks for the fact's text in
+    each chunk it shows (not the sample's recorded chunk index the script reads)."""
+    import gymnasium as gym
+
+    import memgym  # noqa: F401
+
+    lh = load("long_horizon")
+    for task, n in (("LongQA", 24), ("KnowledgeUpdate", 12)):
+        env = gym.make(f"memgym/{task}-v0", **{**lh.TASKS[task], "num_chunks": n}, split="test")
+        ids, want = [], []
+        for i in range(4):
+            obs, info = env.reset(options={"index": i})
+            sample = env.unwrapped.source[i]
+            words = set(" ".join(sample.answers).split())
+            texts = [f["text"] for f in sample.supporting_facts if words & set(f["text"].split())]
+            first = None
+            while info["phase"] == "memory":
+                if first is None and any(t in info["chunk"] for t in texts):
+                    first = info["chunk_index"]
+                obs, _, _, _, info = env.step("")
+            ids.append(sample.id)
+            want.append(n - 1 - first)
+        assert lh.fact_distances(task, n, ids) == want
+
+
+def test_long_horizon_retention_fit_by_hand():
+    """F1 = a * r**d recovered from its own points; a flat F1 keeps everything (r = 1, no half-life)."""
+    lh = load("long_horizon")
+    fit = lh.retention([(d, 0.8 * 0.9 ** d) for d in range(40)])
+    assert fit["r"] == pytest.approx(0.9, abs=1e-4) and fit["a"] == pytest.approx(0.8, abs=1e-3)
+    assert fit["half_life_chunks"] == pytest.approx(math.log(0.5) / math.log(0.9), rel=1e-3)
+    flat = lh.retention([(d, 0.5) for d in (0, 3, 30, 300)])
+    assert flat["r"] == 1.0 and flat["a"] == pytest.approx(0.5) and flat["half_life_chunks"] is None
