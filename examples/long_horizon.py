@@ -87,10 +87,11 @@ RL = {"memopd": [], "opd-persistent": ["--teacher-context", "persistent"], "ppo"
 SFT = ("warm-start", "sft-oracle", "sft-teacher")
 FIXED = {"teacher": None, "rag-top1": 1, "rag-top3": 3}  # policy -> retrieval top_k (None: the teacher alone)
 READERS = ("fullcontext",)
-READER = {"model": "tiny-long-digits", "gold_episodes": 4000, "steps": 500, "lr": 3e-3, "batch_episodes": 32}
+READER = {"model": "tiny-long-digits", "gold_episodes": 4000, "steps": 1000, "lr": 3e-3, "batch_episodes": 32}
 """The full-context reader's recipe: at lr 1e-3 on 2,000 records (docs/RESULTS.md, "The full-context
 baseline on the length axis") its loss stayed at 2.0 (chance among the companies) for 300 steps; at
-3e-3 on 4,000 it stays there for about 150 steps, then falls to 0.02 by step 300."""
+3e-3 on 4,000 it stays there for 150 to 450 steps, by the data order (0.02 at step 300 with one
+order, 1.76 at step 500 with another, falling), so it runs 1,000."""
 POLICIES = (*RL, *SFT, *FIXED, *READERS)
 TEACHER_SAMPLES = 1000
 CLAIM_MARGIN = -0.05
