@@ -1,0 +1,238 @@
+"""The long-horizon study, part 2, its positive control: does imitation recover from its own mistakes?
+
+    python examples/on_policy_premise.py --out runs/long-horizon                # shares part 1's models
+    python examples/on_policy_premise.py --tasks LongQA --policies teacher,sft-oracle --seeds 0
+    python examples/on_policy_premise.py --out runs/long-horizon --cached-only --publish docs/data/on_policy_premise/results.json
+    python examples/on_policy_premise.py --smoke --out DIR                      # the pipeline in minutes (CI)
+
+On-policy distillation's premise: a student's own mistakes lead it to states that imitation data
+never shows, and a student trained by imitation does not recover from them. Before any comparison
+of methods rests on it, the premise has to be shown where the comparison runs (the positive
+control). Here, on LongQA and KnowledgeUpdate at L = 6 chunks in part 1's settings
+(``examples/long_horizon.py``: the digit presets, random numbering, chunks of 48 tokens, a 16-token
+memory), each policy is read twice on the same first ``EPISODES`` test episodes, greedy:
+
+  clean      ``memopd.eval`` as part 1 reads it (part 1's cell at L, reused when it exists);
+  perturbed  the same with ``--memory-perturbation distractor@0``: after the first chunk's memory
+             write the memory holds a plausible wrong fact for the asked person (``alice globex .``
+             for ``alice acme .``; ``memgym.perturb``), the state an agent is in after a wrong write.
+
+Recovery is possible where a supporting fact is read again after the perturbation (the fact sits in
+a later chunk); on those episodes the loss is the paired difference F1(perturbed) - F1(clean), per
+episode, mean ± se. The control shows the premise when the imitation student (``sft-oracle``: SFT
+on oracle trajectories at part 1's compute) loses at least ``PREMISE_GAP`` there and the teacher
+loses less than half of that (the teacher recovers, so recovery is learnable in this setting).
+Otherwise the comparison of part 2 (SFT-oracle, SFT-teacher, DAgger-style SFT and PPO + MemOPD at
+equal compute, on recovery and F1) would not test the premise, and the reading says so.
+
+The policies are part 1's (``--policies`` of teacher, sft-oracle, sft-teacher, memopd, ppo,
+opd-persistent, warm-start), trained by it when missing, in the same --out. Perturbed cells land in
+rows-perturbed/ (one file per task, policy and seed; a rerun recomputes nothing) and the evaluation
+runs in eval-perturbed/.
+
+Not yet in this script: part 2's comparison (its DAgger-style SFT needs the teacher's actions in
+the student's states), 5 seeds, LongQA with distractor facts (``distractor_similarity``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_horizon, beside this file
+
+import long_horizon as lh  # noqa: E402
+
+TASKS = ("LongQA", "KnowledgeUpdate")
+POLICIES = ("teacher", "sft-oracle", "sft-teacher", "memopd", "ppo", "opd-persistent", "warm-start")
+PERTURBATION = "distractor@0"
+EPISODES = 256
+PREMISE_GAP = 0.2
+"""The imitation student must lose at least this much F1 where recovery is possible."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python examples/on_policy_premise.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/long-horizon", help="part 1's directory (its models and clean cells)")
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks of {list(TASKS)}")
+    p.add_argument("--policies", default="teacher,sft-oracle", help=f"comma-separated policies of {list(POLICIES)}")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds of the trained policies")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
+    p.add_argument("--cached-only", action="store_true", help="compute nothing: results.json from the finished cells")
+    p.add_argument("--publish", default=None, help="copy results.json to this file")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: the pipeline, not the result")
+    args = p.parse_args(argv)
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    args.policies = [x for x in args.policies.split(",") if x]
+    args.seeds = [int(s) for s in args.seeds.split(",") if s]
+    bad = [t for t in args.tasks if t not in TASKS] + [x for x in args.policies if x not in POLICIES]
+    if bad:
+        p.error(f"unknown {bad}: --tasks takes {list(TASKS)}, --policies {list(POLICIES)}")
+    return args
+
+
+def part1_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Part 1's options for the same directory, tasks and seeds, read at L only."""
+    argv = ["--out", args.out, "--tasks", ",".join(args.tasks), "--seeds", ",".join(map(str, args.seeds)),
+            "--threads", str(args.threads), *(["--smoke"] if args.smoke else []),
+            *(["--cached-only"] if args.cached_only else [])]
+    one = lh.parse_args(argv)
+    one.lengths = [one.train_chunks]
+    return one
+
+
+def episodes(args: argparse.Namespace) -> int:
+    return lh.SMOKE["episodes"] if args.smoke else EPISODES
+
+
+def perturbed_cell(task: str, policy: str, seed: int, one: argparse.Namespace,
+                   args: argparse.Namespace) -> dict[str, Any] | None:
+    """One policy read under the perturbation at L: per episode its sample, F1 and whether a
+    supporting fact was read again after the perturbation (None: not perturbed)."""
+    from agents.records import load_episodes
+    from memopd.eval import evaluate as run_eval
+
+    row_path = Path(args.out) / "rows-perturbed" / f"{task}-{policy}-s{seed}.json"
+    if row_path.is_file():
+        return json.loads(row_path.read_text())
+    if args.cached_only:
+        return None
+    model, agent = lh.model_of(task, policy, seed, one)
+    out = Path(args.out) / "eval-perturbed" / f"{task}-{policy}-s{seed}"
+    run_eval([*lh.env_argv(task, one.train_chunks), "--model", model, *agent, "--episodes", str(episodes(args)),
+              "--temperature", "0", "--top-k", "1", "--threads", str(args.threads), "--no-progress",
+              "--memory-perturbation", PERTURBATION, "--out", str(out), "--overwrite"])
+    got = load_episodes(out / "episodes.jsonl").episodes
+    row = {"task": task, "policy": policy, "seed": seed, "num_chunks": one.train_chunks, "spec": PERTURBATION,
+           "sample_ids": [e.sample_id for e in got], "f1": [e.metrics.get("f1", 0.0) for e in got],
+           "reappears": [e.perturbations[-1].reappears if e.perturbations else None for e in got]}
+    row_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = row_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(row) + "\n")
+    tmp.replace(row_path)
+    print(f"{task} {policy} seed {seed} perturbed ({PERTURBATION}): F1 {sum(row['f1']) / len(row['f1']):.3f}",
+          flush=True)
+    return row
+
+
+def clean_cell(task: str, policy: str, seed: int, one: argparse.Namespace) -> dict[str, Any] | None:
+    """Part 1's cell at L (computed here when missing, on the same episodes)."""
+    return lh.eval_cell(task, policy, seed, one.train_chunks, one)
+
+
+def paired(clean: dict[str, Any], perturbed: dict[str, Any]) -> dict[str, Any]:
+    """F1 clean and perturbed, and their paired difference (mean ± se), on the episodes where the
+    fact was read again after the perturbation, on those where it was not, and F1 of both reads on
+    all episodes. Episodes pair by sample; clean rows of part 1 without ``sample_ids`` are the first
+    test samples in order."""
+    ids = clean.get("sample_ids") or [f"{clean['task'].lower()}-test-0-{i}" for i in range(len(clean["f1"]))]
+    base = dict(zip(ids, clean["f1"]))
+    groups: dict[str, list[tuple[float, float]]] = {"recovery": [], "no_recovery": []}
+    for sid, f1, again in zip(perturbed["sample_ids"], perturbed["f1"], perturbed["reappears"]):
+        if sid in base and again is not None:
+            groups["recovery" if again else "no_recovery"].append((base[sid], f1))
+    out: dict[str, Any] = {}
+    for name, pairs in groups.items():
+        n = len(pairs)
+        diffs = [b - a for a, b in pairs]
+        mu = sum(diffs) / n if n else None
+        sd = math.sqrt(sum((d - mu) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+        out[name] = {"episodes": n, "f1_clean": sum(a for a, _ in pairs) / n if n else None,
+                     "f1_perturbed": sum(b for _, b in pairs) / n if n else None,
+                     "loss": mu, "loss_se": sd / math.sqrt(n) if n > 1 else None}
+    out["f1_clean_all"] = sum(clean["f1"]) / len(clean["f1"])
+    out["f1_perturbed_all"] = sum(perturbed["f1"]) / len(perturbed["f1"])
+    return out
+
+
+def verdicts(summary: dict[str, Any]) -> dict[str, str]:
+    """Per task: whether the control shows the premise (the imitation student loses at least
+    ``PREMISE_GAP`` where recovery is possible, the teacher less than half of it)."""
+    said = {}
+    for task, policies in summary.items():
+        student = policies.get("sft-oracle", {}).get("recovery", {}).get("loss")
+        teacher = policies.get("teacher", {}).get("recovery", {}).get("loss")
+        if student is None or teacher is None:
+            said[task] = "not tested yet: needs the sft-oracle student and the teacher"
+        elif -student < PREMISE_GAP:
+            said[task] = (f"not shown: where it could recover, the imitation student's F1 changes by {student:+.3f} "
+                          f"(it must lose {PREMISE_GAP})")
+        elif -teacher >= PREMISE_GAP / 2:
+            said[task] = (f"not shown: the teacher's F1 changes by {teacher:+.3f} too (recovery is not shown "
+                          f"learnable); the imitation student's by {student:+.3f}")
+        else:
+            said[task] = f"shown: where it could recover, the imitation student's F1 changes by {student:+.3f}, " \
+                         f"the teacher's by {teacher:+.3f}"
+    return said
+
+
+def summarise(pairs: dict[tuple[str, str, int], dict[str, Any]]) -> dict[str, Any]:
+    """Per task and policy: the paired reading, averaged over seeds (each seed's episodes pooled)."""
+    out: dict[str, Any] = {}
+    for (task, policy, _), got in sorted(pairs.items()):
+        out.setdefault(task, {}).setdefault(policy, []).append(got)
+    for task, policies in out.items():
+        for policy, seeds in policies.items():
+            merged: dict[str, Any] = {"seeds": len(seeds)}
+            for group in ("recovery", "no_recovery"):
+                cells = [s[group] for s in seeds if s[group]["episodes"]]
+                n = sum(c["episodes"] for c in cells)
+                merged[group] = {"episodes": n, **{k: (sum(c[k] * c["episodes"] for c in cells) / n if n else None)
+                                                   for k in ("f1_clean", "f1_perturbed", "loss")},
+                                 "loss_se": (math.sqrt(sum((c["loss_se"] or 0.0) ** 2 * c["episodes"] ** 2
+                                                           for c in cells)) / n if n else None)}
+            for key in ("f1_clean_all", "f1_perturbed_all"):
+                merged[key] = sum(s[key] for s in seeds) / len(seeds)
+            policies[policy] = merged
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import memgym  # noqa: F401  (registers the envs)
+
+    one = part1_args(args)
+    pairs, rows = {}, []
+    for task in args.tasks:
+        for policy in args.policies:
+            for seed in ([0] if policy in lh.FIXED else args.seeds):
+                clean = clean_cell(task, policy, seed, one)
+                perturbed = perturbed_cell(task, policy, seed, one, args)
+                if clean is None or perturbed is None:
+                    continue
+                rows.append(perturbed)
+                pairs[(task, policy, seed)] = paired(clean, perturbed)
+    summary = summarise(pairs)
+    results = {"command": command(args), "tasks": {t: lh.TASKS[t] for t in args.tasks},
+               "num_chunks": one.train_chunks, "perturbation": PERTURBATION, "premise_gap": PREMISE_GAP,
+               "policies": args.policies, "seeds": args.seeds, "summary": summary, "verdicts": verdicts(summary),
+               "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "premise.json").write_text(json.dumps(results) + "\n")
+    for task, said in results["verdicts"].items():
+        print(f"{task}: {said}")
+    print(f"saved {out / 'premise.json'}")
+    if args.publish:
+        Path(args.publish).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "premise.json", args.publish)
+    return 0
+
+
+def command(args: argparse.Namespace) -> str:
+    parts = ["python examples/on_policy_premise.py", *(["--smoke"] if args.smoke else [])]
+    for flag, value, default in (("--tasks", args.tasks, list(TASKS)), ("--policies", args.policies,
+                                                                          ["teacher", "sft-oracle"]),
+                                 ("--seeds", args.seeds, [0])):
+        if value != default:
+            parts.append(f"{flag} {','.join(map(str, value))}")
+    return " ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
