@@ -140,3 +140,36 @@ def test_long_horizon_retention_fit_by_hand():
     assert fit["half_life_chunks"] == pytest.approx(math.log(0.5) / math.log(0.9), rel=1e-3)
     flat = lh.retention([(d, 0.5) for d in (0, 3, 30, 300)])
     assert flat["r"] == 1.0 and flat["a"] == pytest.approx(0.5) and flat["half_life_chunks"] is None
+
+
+def test_on_policy_premise_smoke_and_rerun(tmp_path):
+    """The teacher and the imitation student are read clean and perturbed at L; a rerun recomputes nothing."""
+    premise = load("on_policy_premise")
+    assert premise.main(["--smoke", "--out", str(tmp_path), "--tasks", "KnowledgeUpdate"]) == 0
+    results = json.loads((tmp_path / "premise.json").read_text())
+    assert set(results["summary"]["KnowledgeUpdate"]) == {"teacher", "sft-oracle"}
+    assert all(r["spec"] == "distractor@0" and len(r["f1"]) == 4 for r in results["rows"])
+    assert any(again is not None for r in results["rows"] for again in r["reappears"])  # the wrapper perturbed
+    stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-perturbed").iterdir())]
+    assert premise.main(["--smoke", "--out", str(tmp_path), "--tasks", "KnowledgeUpdate", "--cached-only"]) == 0
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-perturbed").iterdir())] == stamps
+
+
+def test_on_policy_premise_pairs_and_verdicts_by_hand():
+    """Episodes pair by sample; the loss where the fact is read again is the mean paired difference."""
+    premise = load("on_policy_premise")
+    clean = {"task": "LongQA", "f1": [1.0, 1.0, 0.0, 1.0], "sample_ids": ["a", "b", "c", "d"]}
+    perturbed = {"sample_ids": ["b", "a", "c", "d"], "f1": [1.0, 0.0, 0.0, 1.0], "reappears": [True, True, False, None]}
+    got = premise.paired(clean, perturbed)
+    assert got["recovery"]["episodes"] == 2 and got["recovery"]["f1_clean"] == 1.0
+    assert got["recovery"]["loss"] == pytest.approx(-0.5) and got["recovery"]["loss_se"] == pytest.approx(0.5)
+    assert got["no_recovery"] == {"episodes": 1, "f1_clean": 0.0, "f1_perturbed": 0.0, "loss": 0.0, "loss_se": None}
+    assert got["f1_clean_all"] == 0.75 and got["f1_perturbed_all"] == 0.5
+
+    def summary(student, teacher):
+        cell = lambda loss: {"recovery": {"loss": loss}}  # noqa: E731
+        return {"T": {"sft-oracle": cell(student), "teacher": cell(teacher)}}
+
+    assert premise.verdicts(summary(-0.5, -0.05))["T"].startswith("shown")
+    assert premise.verdicts(summary(-0.1, 0.0))["T"].startswith("not shown: where it could recover")
+    assert premise.verdicts(summary(-0.5, -0.3))["T"].startswith("not shown: the teacher")
