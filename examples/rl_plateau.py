@@ -54,6 +54,61 @@ def build_teacher(out: Path, threads: int) -> tuple[Path, float]:
     return path, json.loads(cost.read_text())["sft_s"]
 
 
+def curve(run: dict, offset_s: float = 0.0) -> list[tuple[int, float, float]]:
+    """(step, wall-clock seconds, held-out F1) at each evaluation of a run: the seconds are the
+    training steps' own (``step_s`` summed, evaluations not counted) after ``offset_s`` (MemOPD's
+    teacher fine-tuning, its fixed cost)."""
+    spent, walls = offset_s, {0: offset_s}
+    for r in sorted((r for r in run["rows"] if "step_s" in r), key=lambda r: r["step"]):
+        spent += r["step_s"]
+        walls[r["step"]] = spent
+    return [(r["step"], walls.get(r["step"], spent), r["eval/f1"]) for r in run["rows"] if "eval/f1" in r]
+
+
+def mean_curve(data: dict) -> tuple[list[int], list[float], list[float], list[float]]:
+    """An arm's steps evaluated in every run, mean wall-clock, mean F1 and F1's sd over the runs."""
+    runs = [curve(run, data.get("teacher_sft_s") or 0.0) for run in data["runs"].values()]
+    steps = sorted(set.intersection(*[{s for s, _, _ in c} for c in runs])) if runs else []
+    walls, means, sds = [], [], []
+    for step in steps:
+        at = [next((w, f) for s, w, f in c if s == step) for c in runs]
+        fs = [f for _, f in at]
+        mu = sum(fs) / len(fs)
+        walls.append(sum(w for w, _ in at) / len(at))
+        means.append(mu)
+        sds.append((sum((x - mu) ** 2 for x in fs) / (len(fs) - 1)) ** 0.5 if len(fs) > 1 else 0.0)
+    return steps, walls, means, sds
+
+
+def plot(arms: dict[str, dict], path: Path) -> None:
+    """Held-out F1 of each arm (mean, ±sd band over seeds) against the step and against training
+    wall-clock minutes (MemOPD's from its teacher's fine-tuning on)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_wall) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm, data in arms.items():
+        steps, walls, means, sds = mean_curve(data)
+        n = len(data["runs"])
+        lo, hi = [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)]
+        (line,) = by_step.plot(steps, means, marker=".", label=f"{arm} ({n} seed{'s' * (n > 1)})")
+        by_step.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+        minutes = [w / 60 for w in walls]
+        by_wall.plot(minutes, means, marker=".", color=line.get_color())
+        by_wall.fill_between(minutes, lo, hi, color=line.get_color(), alpha=0.15)
+    by_step.set_xlabel("step")
+    by_wall.set_xlabel("training wall-clock, minutes (MemOPD's teacher fine-tuning counted)")
+    for ax in (by_step, by_wall):
+        ax.set_ylabel("held-out F1")
+        ax.set_ylim(-0.02, 1.02)
+    by_step.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/ppo-collapse", help="experiment directory (its start is shared)")
