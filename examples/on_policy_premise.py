@@ -20,15 +20,22 @@ memory), each policy is read twice on the same first ``EPISODES`` test episodes,
 Recovery is possible where a supporting fact is read again after the perturbation (the fact sits in
 a later chunk); on those episodes the loss is the paired difference F1(perturbed) - F1(clean), per
 episode, mean ± se. The control shows the premise when the imitation student (``sft-oracle``: SFT
-on oracle trajectories at part 1's compute) loses at least ``PREMISE_GAP`` there and the teacher
-loses less than half of that (the teacher recovers, so recovery is learnable in this setting).
-Otherwise the comparison of part 2 (SFT-oracle, SFT-teacher, DAgger-style SFT and PPO + MemOPD at
-equal compute, on recovery and F1) would not test the premise, and the reading says so.
+on oracle trajectories at part 1's compute) loses at least ``PREMISE_GAP`` there and a teacher loses
+less than half of that (recovery is learnable in this setting). Otherwise the comparison of part 2
+(SFT-oracle, SFT-teacher, DAgger-style SFT and PPO + MemOPD at equal compute, on recovery and F1)
+would not test the premise, and the reading says so. The teachers:
 
-The policies are part 1's (``--policies`` of teacher, sft-oracle, sft-teacher, memopd, ppo,
-opd-persistent, warm-start), trained by it when missing, in the same --out. Perturbed cells land in
-rows-perturbed/ (one file per task, policy and seed; a rerun recomputes nothing) and the evaluation
-runs in eval-perturbed/.
+  teacher             part 1's: the auto teacher (SFT on clean oracle trajectories): itself an
+                      imitation learner, it has never seen a wrong memory either
+  teacher-recovering  the same recipe on oracle trajectories drawn under ``TEACHER_PERTURBATION``
+                      (each write replaced by a distractor with probability 0.25): the oracle keeps the
+                      wrong memory until the fact comes again, then writes the fact, so its data shows
+                      recovery (noise injected into the demonstrations, as DART does)
+
+The other policies are part 1's (``--policies`` of sft-oracle, sft-teacher, memopd, ppo,
+opd-persistent, warm-start), trained by it when missing, in the same --out. Cells land in
+rows-premise/ (one file per task, policy, seed and reading; a rerun recomputes nothing), the
+evaluations in eval-premise/, the recovering teacher in <task>/teacher-recovering/.
 
 Not yet in this script: part 2's comparison (its DAgger-style SFT needs the teacher's actions in
 the student's states), 5 seeds, LongQA with distractor facts (``distractor_similarity``).
@@ -49,7 +56,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_horizon, beside
 import long_horizon as lh  # noqa: E402
 
 TASKS = ("LongQA", "KnowledgeUpdate")
-POLICIES = ("teacher", "sft-oracle", "sft-teacher", "memopd", "ppo", "opd-persistent", "warm-start")
+POLICIES = ("teacher", "teacher-recovering", "sft-oracle", "sft-teacher", "memopd", "ppo", "opd-persistent",
+            "warm-start")
+FIXED = ("teacher", "teacher-recovering")
+"""The seedless policies (read at seed 0)."""
+TEACHERS = FIXED
+TEACHER_PERTURBATION = "distractor@p0.25"
+"""The recovering teacher's data: oracle trajectories with each memory write replaced by a distractor
+with this probability."""
 PERTURBATION = "distractor@0"
 EPISODES = 256
 PREMISE_GAP = 0.2
@@ -60,7 +74,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/on_policy_premise.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/long-horizon", help="part 1's directory (its models and clean cells)")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks of {list(TASKS)}")
-    p.add_argument("--policies", default="teacher,sft-oracle", help=f"comma-separated policies of {list(POLICIES)}")
+    p.add_argument("--policies", default="teacher,teacher-recovering,sft-oracle", help=f"comma-separated policies of {list(POLICIES)}")
     p.add_argument("--seeds", default="0", help="comma-separated seeds of the trained policies")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     p.add_argument("--cached-only", action="store_true", help="compute nothing: results.json from the finished cells")
@@ -90,39 +104,63 @@ def episodes(args: argparse.Namespace) -> int:
     return lh.SMOKE["episodes"] if args.smoke else EPISODES
 
 
-def perturbed_cell(task: str, policy: str, seed: int, one: argparse.Namespace,
-                   args: argparse.Namespace) -> dict[str, Any] | None:
-    """One policy read under the perturbation at L: per episode its sample, F1 and whether a
-    supporting fact was read again after the perturbation (None: not perturbed)."""
+def recovering_teacher(task: str, args: argparse.Namespace, one: argparse.Namespace) -> Path:
+    """The auto teacher's recipe on oracle trajectories drawn under ``TEACHER_PERTURBATION``: the
+    oracle's actions in perturbed states (it keeps the wrong memory until the fact comes again, then
+    writes the fact), so that recovery is in its data."""
+    from memopd.eval import evaluate as run_eval
+    from memopd.learn.models import teacher_recipe
+    from memopd.sft import SFTConfig, run as run_sft
+
+    out = Path(args.out) / task / "teacher-recovering"
+    if (out / "config.json").is_file():
+        return out
+    _, cfg = lh.rl_config(task, "memopd", 0, one)
+    recipe = teacher_recipe(cfg)
+    if args.smoke:
+        recipe.update(num_episodes=8, steps=2)
+    data = Path(args.out) / task / "oracle-perturbed"
+    if not (data / "episodes.jsonl").is_file():
+        run_eval([*lh.env_argv(task, one.train_chunks), "--agent", "oracle", "--model", recipe["model"], "--split",
+                  "train", "--episodes", str(recipe["num_episodes"]), "--seed", "1", "--memory-perturbation",
+                  TEACHER_PERTURBATION, "--no-progress", "--out", str(data), "--overwrite"])
+    run_sft(SFTConfig(model=recipe["model"], episodes=str(data / "episodes.jsonl"), out=str(out), seed=1,
+                      threads=args.threads, progress=False, steps=recipe["steps"],
+                      batch_episodes=recipe["batch_episodes"], lr=recipe["lr"], checkpoint_every=25), progress=False)
+    return out
+
+
+def cell(task: str, policy: str, seed: int, spec: str | None, one: argparse.Namespace,
+         args: argparse.Namespace) -> dict[str, Any] | None:
+    """One policy read at L, clean (``spec`` None) or under ``spec``: per episode its sample, F1 and
+    whether a supporting fact was read again after the perturbation (None: not perturbed)."""
     from agents.records import load_episodes
     from memopd.eval import evaluate as run_eval
 
-    row_path = Path(args.out) / "rows-perturbed" / f"{task}-{policy}-s{seed}.json"
+    name = f"{task}-{policy}-s{seed}-{'clean' if spec is None else 'perturbed'}"
+    row_path = Path(args.out) / "rows-premise" / f"{name}.json"
     if row_path.is_file():
         return json.loads(row_path.read_text())
     if args.cached_only:
         return None
-    model, agent = lh.model_of(task, policy, seed, one)
-    out = Path(args.out) / "eval-perturbed" / f"{task}-{policy}-s{seed}"
+    if policy == "teacher-recovering":
+        model, agent = str(recovering_teacher(task, args, one)), []
+    else:
+        model, agent = lh.model_of(task, policy, seed, one)
+    out = Path(args.out) / "eval-premise" / name
     run_eval([*lh.env_argv(task, one.train_chunks), "--model", model, *agent, "--episodes", str(episodes(args)),
               "--temperature", "0", "--top-k", "1", "--threads", str(args.threads), "--no-progress",
-              "--memory-perturbation", PERTURBATION, "--out", str(out), "--overwrite"])
+              *([] if spec is None else ["--memory-perturbation", spec]), "--out", str(out), "--overwrite"])
     got = load_episodes(out / "episodes.jsonl").episodes
-    row = {"task": task, "policy": policy, "seed": seed, "num_chunks": one.train_chunks, "spec": PERTURBATION,
+    row = {"task": task, "policy": policy, "seed": seed, "num_chunks": one.train_chunks, "spec": spec,
            "sample_ids": [e.sample_id for e in got], "f1": [e.metrics.get("f1", 0.0) for e in got],
            "reappears": [e.perturbations[-1].reappears if e.perturbations else None for e in got]}
     row_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = row_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(row) + "\n")
     tmp.replace(row_path)
-    print(f"{task} {policy} seed {seed} perturbed ({PERTURBATION}): F1 {sum(row['f1']) / len(row['f1']):.3f}",
-          flush=True)
+    print(f"{task} {policy} seed {seed} {spec or 'clean'}: F1 {sum(row['f1']) / len(row['f1']):.3f}", flush=True)
     return row
-
-
-def clean_cell(task: str, policy: str, seed: int, one: argparse.Namespace) -> dict[str, Any] | None:
-    """Part 1's cell at L (computed here when missing, on the same episodes)."""
-    return lh.eval_cell(task, policy, seed, one.train_chunks, one)
 
 
 def paired(clean: dict[str, Any], perturbed: dict[str, Any]) -> dict[str, Any]:
@@ -151,23 +189,28 @@ def paired(clean: dict[str, Any], perturbed: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, str]:
-    """Per task: whether the control shows the premise (the imitation student loses at least
-    ``PREMISE_GAP`` where recovery is possible, the teacher less than half of it)."""
+    """Per task: whether the control shows the premise: the imitation student loses at least
+    ``PREMISE_GAP`` where recovery is possible, and a teacher (the auto teacher, or the one trained
+    with recovery in its data) loses less than half of it."""
     said = {}
     for task, policies in summary.items():
         student = policies.get("sft-oracle", {}).get("recovery", {}).get("loss")
-        teacher = policies.get("teacher", {}).get("recovery", {}).get("loss")
-        if student is None or teacher is None:
-            said[task] = "not tested yet: needs the sft-oracle student and the teacher"
-        elif -student < PREMISE_GAP:
+        teachers = {t: policies[t]["recovery"]["loss"] for t in TEACHERS
+                    if policies.get(t, {}).get("recovery", {}).get("loss") is not None}
+        if student is None or not teachers:
+            said[task] = "not tested yet: needs the sft-oracle student and a teacher"
+            continue
+        best = max(teachers, key=teachers.get)
+        lost = ", ".join(f"{t} {v:+.3f}" for t, v in teachers.items())
+        if -student < PREMISE_GAP:
             said[task] = (f"not shown: where it could recover, the imitation student's F1 changes by {student:+.3f} "
-                          f"(it must lose {PREMISE_GAP})")
-        elif -teacher >= PREMISE_GAP / 2:
-            said[task] = (f"not shown: the teacher's F1 changes by {teacher:+.3f} too (recovery is not shown "
-                          f"learnable); the imitation student's by {student:+.3f}")
+                          f"(it must lose {PREMISE_GAP}); the teachers' by {lost}")
+        elif -teachers[best] >= PREMISE_GAP / 2:
+            said[task] = (f"not shown: every teacher loses too ({lost}: recovery is not shown learnable); "
+                          f"the imitation student's F1 changes by {student:+.3f}")
         else:
-            said[task] = f"shown: where it could recover, the imitation student's F1 changes by {student:+.3f}, " \
-                         f"the teacher's by {teacher:+.3f}"
+            said[task] = (f"shown: where it could recover, the imitation student's F1 changes by {student:+.3f}, "
+                          f"the {best}'s by {teachers[best]:+.3f}")
     return said
 
 
@@ -200,9 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs, rows = {}, []
     for task in args.tasks:
         for policy in args.policies:
-            for seed in ([0] if policy in lh.FIXED else args.seeds):
-                clean = clean_cell(task, policy, seed, one)
-                perturbed = perturbed_cell(task, policy, seed, one, args)
+            for seed in ([0] if policy in FIXED else args.seeds):
+                clean = cell(task, policy, seed, None, one, args)
+                perturbed = cell(task, policy, seed, PERTURBATION, one, args)
                 if clean is None or perturbed is None:
                     continue
                 rows.append(perturbed)
@@ -227,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def command(args: argparse.Namespace) -> str:
     parts = ["python examples/on_policy_premise.py", *(["--smoke"] if args.smoke else [])]
     for flag, value, default in (("--tasks", args.tasks, list(TASKS)), ("--policies", args.policies,
-                                                                          ["teacher", "sft-oracle"]),
+                                                                          ["teacher", "teacher-recovering",
+                                                                           "sft-oracle"]),
                                  ("--seeds", args.seeds, [0])):
         if value != default:
             parts.append(f"{flag} {','.join(map(str, value))}")

@@ -147,12 +147,14 @@ def test_on_policy_premise_smoke_and_rerun(tmp_path):
     premise = load("on_policy_premise")
     assert premise.main(["--smoke", "--out", str(tmp_path), "--tasks", "KnowledgeUpdate"]) == 0
     results = json.loads((tmp_path / "premise.json").read_text())
-    assert set(results["summary"]["KnowledgeUpdate"]) == {"teacher", "sft-oracle"}
+    assert set(results["summary"]["KnowledgeUpdate"]) == {"teacher", "teacher-recovering", "sft-oracle"}
     assert all(r["spec"] == "distractor@0" and len(r["f1"]) == 4 for r in results["rows"])
+    data = (tmp_path / "KnowledgeUpdate" / "oracle-perturbed" / "episodes.jsonl").read_text()
+    assert '"kind": "distractor"' in data  # the recovering teacher's oracle data has perturbed states
     assert any(again is not None for r in results["rows"] for again in r["reappears"])  # the wrapper perturbed
-    stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-perturbed").iterdir())]
+    stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-premise").iterdir())]
     assert premise.main(["--smoke", "--out", str(tmp_path), "--tasks", "KnowledgeUpdate", "--cached-only"]) == 0
-    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-perturbed").iterdir())] == stamps
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-premise").iterdir())] == stamps
 
 
 def test_on_policy_premise_pairs_and_verdicts_by_hand():
@@ -171,5 +173,8 @@ def test_on_policy_premise_pairs_and_verdicts_by_hand():
         return {"T": {"sft-oracle": cell(student), "teacher": cell(teacher)}}
 
     assert premise.verdicts(summary(-0.5, -0.05))["T"].startswith("shown")
+    both = {"T": {"sft-oracle": {"recovery": {"loss": -0.5}}, "teacher": {"recovery": {"loss": -0.3}},
+                  "teacher-recovering": {"recovery": {"loss": 0.0}}}}
+    assert premise.verdicts(both)["T"].startswith("shown") and "teacher-recovering's by +0.000" in premise.verdicts(both)["T"]
     assert premise.verdicts(summary(-0.1, 0.0))["T"].startswith("not shown: where it could recover")
-    assert premise.verdicts(summary(-0.5, -0.3))["T"].startswith("not shown: the teacher")
+    assert premise.verdicts(summary(-0.5, -0.3))["T"].startswith("not shown: every teacher loses")
