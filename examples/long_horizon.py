@@ -105,25 +105,38 @@ SMOKE = {"lengths": (3, 6), "train_chunks": 3, "episodes": 4,
                    "--eval-episodes", "2", "--eval-every", "0", "--teacher", "tiny-teacher-digits"]}
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python examples/long_horizon.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/long-horizon", help="the study's directory (reused by a rerun)")
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks of {list(TASKS)}")
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated policies of {list(POLICIES)}")
-    p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds of the RL and SFT policies")
-    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated evaluation lengths (chunks)")
+def add_study_args(p: argparse.ArgumentParser, tasks: Sequence[str], policies: Sequence[str],
+                   default_policies: Sequence[str], default_seeds: str) -> None:
+    """The options this study's scripts share (this one and examples/on_policy_premise.py)."""
+    p.add_argument("--tasks", default=",".join(tasks), help=f"comma-separated tasks of {list(tasks)}")
+    p.add_argument("--policies", default=",".join(default_policies),
+                   help=f"comma-separated policies of {list(policies)}")
+    p.add_argument("--seeds", default=default_seeds, help="comma-separated seeds of the trained policies")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
-    p.add_argument("--cached-only", action="store_true", help="compute nothing: results.json from the finished cells")
-    p.add_argument("--publish", default=None, help="copy results.json to this file")
+    p.add_argument("--cached-only", action="store_true", help="compute nothing: results from the finished cells")
+    p.add_argument("--publish", default=None, help="copy the results JSON to this file")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: the pipeline, not the result")
-    args = p.parse_args(argv)
+
+
+def split_study_args(p: argparse.ArgumentParser, args: argparse.Namespace, tasks: Sequence[str],
+                     policies: Sequence[str]) -> None:
+    """The comma-separated lists as lists; an unknown task or policy is a usage error."""
     args.tasks = [t for t in args.tasks.split(",") if t]
     args.policies = [x for x in args.policies.split(",") if x]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    args.lengths = [int(n) for n in args.lengths.split(",") if n]
-    bad = [t for t in args.tasks if t not in TASKS] + [x for x in args.policies if x not in POLICIES]
+    bad = [t for t in args.tasks if t not in tasks] + [x for x in args.policies if x not in policies]
     if bad:
-        p.error(f"unknown {bad}: --tasks takes {list(TASKS)}, --policies {list(POLICIES)}")
+        p.error(f"unknown {bad}: --tasks takes {list(tasks)}, --policies {list(policies)}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python examples/long_horizon.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/long-horizon", help="the study's directory (reused by a rerun)")
+    add_study_args(p, list(TASKS), POLICIES, POLICIES, "0,1,2,3,4")
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated evaluation lengths (chunks)")
+    args = p.parse_args(argv)
+    split_study_args(p, args, list(TASKS), POLICIES)
+    args.lengths = [int(n) for n in args.lengths.split(",") if n]
     args.train_chunks = TRAIN_CHUNKS
     if args.smoke:
         args.lengths, args.train_chunks, args.seeds = list(SMOKE["lengths"]), SMOKE["train_chunks"], args.seeds[:1]
@@ -483,18 +496,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                "wall_s_this_invocation": time.perf_counter() - t0,
                "versions": {"python": platform.python_version(), "torch": torch.__version__,
                             "transformers": transformers.__version__}}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results) + "\n")
+    save(results, Path(args.out) / "results.json", args.publish)
     if summary:
-        plot(summary, out / "length.png")
+        plot(summary, Path(args.out) / "length.png")
+    return 0
+
+
+def save(results: dict[str, Any], path: Path, publish: str | None) -> None:
+    """Write the results JSON, say its verdicts, and copy it to ``publish`` when given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results) + "\n")
     for task, said in results["verdicts"].items():
         print(f"{task}: {said}")
-    print(f"saved {out / 'results.json'}")
-    if args.publish:
-        Path(args.publish).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "results.json", args.publish)
-    return 0
+    print(f"saved {path}")
+    if publish:
+        Path(publish).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, publish)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python examples/on_policy_premise.py --out runs/long-horizon                # shares part 1's models
     python examples/on_policy_premise.py --tasks LongQA --policies teacher,sft-oracle --seeds 0
-    python examples/on_policy_premise.py --out runs/long-horizon --cached-only --publish docs/data/on_policy_premise/results.json
+    python examples/on_policy_premise.py --cached-only --publish docs/data/on_policy_premise/results.json
     python examples/on_policy_premise.py --smoke --out DIR                      # the pipeline in minutes (CI)
 
 On-policy distillation's premise: a student's own mistakes lead it to states that imitation data
@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -58,6 +57,7 @@ import long_horizon as lh  # noqa: E402
 TASKS = ("LongQA", "KnowledgeUpdate")
 POLICIES = ("teacher", "teacher-recovering", "sft-oracle", "sft-teacher", "memopd", "ppo", "opd-persistent",
             "warm-start")
+DEFAULT_POLICIES = ("teacher", "teacher-recovering", "sft-oracle")
 FIXED = ("teacher", "teacher-recovering")
 """The seedless policies (read at seed 0)."""
 TEACHERS = FIXED
@@ -72,21 +72,10 @@ PREMISE_GAP = 0.2
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/on_policy_premise.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/long-horizon", help="part 1's directory (its models and clean cells)")
-    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated tasks of {list(TASKS)}")
-    p.add_argument("--policies", default="teacher,teacher-recovering,sft-oracle", help=f"comma-separated policies of {list(POLICIES)}")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds of the trained policies")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
-    p.add_argument("--cached-only", action="store_true", help="compute nothing: results.json from the finished cells")
-    p.add_argument("--publish", default=None, help="copy results.json to this file")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: the pipeline, not the result")
+    p.add_argument("--out", default="runs/long-horizon", help="part 1's directory (its models and cells)")
+    lh.add_study_args(p, TASKS, POLICIES, DEFAULT_POLICIES, "0")
     args = p.parse_args(argv)
-    args.tasks = [t for t in args.tasks.split(",") if t]
-    args.policies = [x for x in args.policies.split(",") if x]
-    args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    bad = [t for t in args.tasks if t not in TASKS] + [x for x in args.policies if x not in POLICIES]
-    if bad:
-        p.error(f"unknown {bad}: --tasks takes {list(TASKS)}, --policies {list(POLICIES)}")
+    lh.split_study_args(p, args, TASKS, POLICIES)
     return args
 
 
@@ -255,23 +244,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                "num_chunks": one.train_chunks, "perturbation": PERTURBATION, "premise_gap": PREMISE_GAP,
                "policies": args.policies, "seeds": args.seeds, "summary": summary, "verdicts": verdicts(summary),
                "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "premise.json").write_text(json.dumps(results) + "\n")
-    for task, said in results["verdicts"].items():
-        print(f"{task}: {said}")
-    print(f"saved {out / 'premise.json'}")
-    if args.publish:
-        Path(args.publish).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "premise.json", args.publish)
+    lh.save(results, Path(args.out) / "premise.json", args.publish)
     return 0
 
 
 def command(args: argparse.Namespace) -> str:
     parts = ["python examples/on_policy_premise.py", *(["--smoke"] if args.smoke else [])]
     for flag, value, default in (("--tasks", args.tasks, list(TASKS)), ("--policies", args.policies,
-                                                                          ["teacher", "teacher-recovering",
-                                                                           "sft-oracle"]),
+                                                                          list(DEFAULT_POLICIES)),
                                  ("--seeds", args.seeds, [0])):
         if value != default:
             parts.append(f"{flag} {','.join(map(str, value))}")
