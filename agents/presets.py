@@ -118,10 +118,6 @@ TINY_PRESETS: dict[str, Preset] = {
                "long input fits one prompt (the length axis: trained short, evaluated long)",
                "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16_384, seed=1),
-        Preset("tiny-long-digits", "full-context baseline of the length-robust inputs: tiny-long with the digit "
-               "presets' tokenizer (examples/long_horizon.py's reader)",
-               "qwen2", hidden_size=192, intermediate_size=576, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16_384, seed=1, digits=True),
     )
 }
 TEACHER_OF = {"tiny-digits": "tiny-teacher-digits"}

@@ -33,9 +33,11 @@ recipe, built once per task):
   teacher         the teacher itself (greedy)
   rag-top1/-top3  ``rag-memagent`` with the teacher: BM25 ranks the chunks, the teacher reads the top k
   fullcontext     the full-context agent (``--agent fullcontext``: the whole input in one prompt, one
-                  answer call) on ``tiny-long-digits`` (the teacher's shape, 16,384 positions, the
-                  digit tokenizer), fine-tuned by ``memopd.sft`` on ``FullContextOracle`` records at L
-                  (its prompts, the gold answer as the response; ``READER`` is the recipe)
+                  answer call): the teacher's weights with 16,384 positions (its rotary positions
+                  need no new weights), fine-tuned by ``memopd.sft`` on ``FullContextOracle`` records
+                  at L (its prompts, the gold answer as the response; ``READER`` is the recipe). It
+                  starts from the teacher so that it differs from the memory agents in how it reads,
+                  not in what it knows: the same model that finds the fact in a chunk
 
 Each RL and SFT policy runs ``--seeds`` seeds (the teacher and retrieval are deterministic: seed 0).
 Evaluation: greedy, by ``python -m memopd.eval``, on the first ``EPISODES_ENDS`` test episodes at L
@@ -87,11 +89,11 @@ RL = {"memopd": [], "opd-persistent": ["--teacher-context", "persistent"], "ppo"
 SFT = ("warm-start", "sft-oracle", "sft-teacher")
 FIXED = {"teacher": None, "rag-top1": 1, "rag-top3": 3}  # policy -> retrieval top_k (None: the teacher alone)
 READERS = ("fullcontext",)
-READER = {"model": "tiny-long-digits", "gold_episodes": 4000, "steps": 1000, "lr": 3e-3, "batch_episodes": 32}
-"""The full-context reader's recipe: at lr 1e-3 on 2,000 records (docs/RESULTS.md, "The full-context
-baseline on the length axis") its loss stayed at 2.0 (chance among the companies) for 300 steps; at
-3e-3 on 4,000 it stays there for 150 to 450 steps, by the data order (0.02 at step 300 with one
-order, 1.76 at step 500 with another, falling), so it runs 1,000."""
+READER = {"positions": 16_384, "gold_episodes": 4000, "steps": 300, "lr": 1e-3, "batch_episodes": 32}
+"""The full-context reader's recipe. From scratch (``tiny-long``'s shape, the digit tokenizer) its loss
+sat at chance among the companies (2.0) for 150 steps with one data order and for more than 600
+with another (lr 3e-3, 4,000 records): when a from-scratch reader learns at all is luck of the data
+order here, so it starts from the teacher."""
 POLICIES = (*RL, *SFT, *FIXED, *READERS)
 TEACHER_SAMPLES = 1000
 CLAIM_MARGIN = -0.05
@@ -217,23 +219,40 @@ def train_sft(task: str, policy: str, seed: int, args: argparse.Namespace) -> Pa
     return out
 
 
+def reader_start(task: str, args: argparse.Namespace) -> Path:
+    """The teacher with ``READER["positions"]`` positions (written once per task): the same weights,
+    only ``max_position_embeddings`` changed (rotary positions have no weights of their own)."""
+    from agents.models import load
+
+    out = Path(args.out) / task / "fullcontext-start"
+    if not (out / "config.json").is_file():
+        model, tokenizer = load(teacher_dir(task, args))
+        model.config.max_position_embeddings = READER["positions"]
+        tmp = out.with_name(out.name + ".tmp")  # written whole, then renamed: a kill leaves no half model
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.replace(out)
+    return out
+
+
 def train_reader(task: str, seed: int, args: argparse.Namespace) -> Path:
     """The full-context reader: ``FullContextOracle`` records at L (train split, once per task), then
-    ``memopd.sft`` of ``READER["model"]`` on them."""
+    ``memopd.sft`` of :func:`reader_start` on them."""
     from memopd.eval import evaluate as run_eval
     from memopd.sft import SFTConfig, run as run_sft
 
     out = Path(args.out) / task / f"fullcontext-s{seed}"
     if (out / "config.json").is_file():
         return out
+    start = str(reader_start(task, args))
     gold = Path(args.out) / task / "fullcontext-gold"
     if not (gold / "episodes.jsonl").is_file():
         n = 8 if args.smoke else READER["gold_episodes"]
         run_eval([*env_argv(task, args.train_chunks), "--agent", "agents.baselines:FullContextOracle", "--model",
-                  READER["model"], "--split", "train", "--episodes", str(n), "--seed", "0", "--no-progress",
+                  start, "--split", "train", "--episodes", str(n), "--seed", "0", "--no-progress",
                   "--out", str(gold), "--overwrite"])
     steps = 2 if args.smoke else READER["steps"]
-    run_sft(SFTConfig(model=READER["model"], episodes=str(gold / "episodes.jsonl"), out=str(out), seed=seed + 2,
+    run_sft(SFTConfig(model=start, episodes=str(gold / "episodes.jsonl"), out=str(out), seed=seed + 2,
                       threads=args.threads, progress=False, steps=steps, batch_episodes=READER["batch_episodes"],
                       lr=READER["lr"], warmup_steps=20, checkpoint_every=100), progress=False)
     return out

@@ -77,9 +77,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "when it is one, else kept as a string")
     p.add_argument("--model", default=None,
                    help="model spec: preset (tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-digits, "
-                        "tiny-teacher-digits, tiny-long, tiny-long-digits, smollm2), model directory, training run directory, .gguf file or hub id. Needed by every agent but "
-                        "oracle, for which it only picks the tokenizer of the records (only the tokenizer is loaded; "
-                        "default: tiny's)")
+                        "tiny-teacher-digits, tiny-long, smollm2), model directory, training run directory, .gguf "
+                        "file or hub id. Needed by every agent but oracle, for which it only picks the tokenizer of "
+                        "the records (only the tokenizer is loaded; default: tiny's)")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--seed", type=int, default=0, help="seed of env resets and of sampling")
     p.add_argument("--split", default="test", metavar="SPLIT",

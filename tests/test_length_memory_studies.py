@@ -178,3 +178,22 @@ def test_on_policy_premise_pairs_and_verdicts_by_hand():
     assert premise.verdicts(both)["T"].startswith("shown") and "teacher-recovering's by +0.000" in premise.verdicts(both)["T"]
     assert premise.verdicts(summary(-0.1, 0.0))["T"].startswith("not shown: where it could recover")
     assert premise.verdicts(summary(-0.5, -0.3))["T"].startswith("not shown: every teacher loses")
+
+
+def test_long_horizon_reader_starts_as_the_teacher(tmp_path):
+    """The full-context reader's start is the teacher with more positions: the same logits as the
+    teacher's own forward on an input both can read, and room for 9,000-token prompts."""
+    import torch
+
+    from agents import models
+
+    lh = load("long_horizon")
+    args = lh.parse_args(["--smoke", "--out", str(tmp_path), "--tasks", "LongQA"])
+    start = lh.reader_start("LongQA", args)
+    teacher, _ = models.load(lh.teacher_dir("LongQA", args))
+    reader, _ = models.load(str(start))
+    assert reader.config.max_position_embeddings == lh.READER["positions"] > 9_216
+    assert teacher.config.max_position_embeddings < 9_216
+    ids = torch.randint(0, teacher.config.vocab_size, (2, 300), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(reader(ids).logits, teacher(ids).logits)

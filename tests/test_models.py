@@ -122,7 +122,7 @@ def test_a_local_looking_path_is_never_sent_to_the_hub(tmp_path, monkeypatch, sp
 
 
 def test_unknown_preset_lists_presets():
-    with pytest.raises(ModelLoadError, match=r"unknown model spec 'tinny'.*tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-digits, tiny-teacher-digits, tiny-long, tiny-long-digits, smollm2"):
+    with pytest.raises(ModelLoadError, match=r"unknown model spec 'tinny'.*tiny, tiny-teacher, tiny-llama, tiny-teacher-bpe1k, tiny-digits, tiny-teacher-digits, tiny-long, smollm2"):
         models.load("tinny")
 
 
