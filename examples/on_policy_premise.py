@@ -19,9 +19,11 @@ memory), each policy is read twice on the same first ``EPISODES`` test episodes,
 
 Recovery is possible where a supporting fact is read again after the perturbation (the fact sits in
 a later chunk); on those episodes the loss is the paired difference F1(perturbed) - F1(clean), per
-episode, mean ± se. The control shows the premise when the imitation student (``sft-oracle``: SFT
-on oracle trajectories at part 1's compute) loses at least ``PREMISE_GAP`` there and a teacher loses
-less than half of that (recovery is learnable in this setting). Otherwise the comparison of part 2
+episode, mean ± se. The control shows the premise when an imitation agent (``IMITATORS``: SFT on
+clean oracle trajectories, the student at part 1's compute or the auto teacher) that learned the
+clean task loses at least ``PREMISE_GAP`` there, and the recovering teacher below, which learned it
+too, loses less than half of that (recovery is learnable in this setting, from states that clean
+demonstrations never show). Otherwise the comparison of part 2
 (SFT-oracle, SFT-teacher, DAgger-style SFT and PPO + MemOPD at equal compute, on recovery and F1)
 would not test the premise, and the reading says so. The teachers:
 
@@ -61,7 +63,12 @@ POLICIES = ("teacher", "teacher-recovering", "sft-oracle", "sft-teacher", "memop
 DEFAULT_POLICIES = ("teacher", "teacher-recovering", "sft-oracle")
 FIXED = ("teacher", "teacher-recovering")
 """The seedless policies (read at seed 0)."""
-TEACHERS = FIXED
+IMITATORS = ("sft-oracle", "teacher")
+"""The imitation agents: SFT on clean oracle trajectories, the student at part 1's compute and the
+auto teacher (its recipe, the recovering teacher's size)."""
+RECOVERING = "teacher-recovering"
+LEARNED = 0.5
+"""The clean F1 an agent must reach for its loss under the perturbation to say anything."""
 TEACHER_PERTURBATION = "distractor@p0.25"
 """The recovering teacher's data: oracle trajectories with each memory write replaced by a distractor
 with this probability."""
@@ -184,28 +191,34 @@ def paired(clean: dict[str, Any], perturbed: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, str]:
-    """Per task: whether the control shows the premise: the imitation student loses at least
-    ``PREMISE_GAP`` where recovery is possible, and a teacher (the auto teacher, or the one trained
-    with recovery in its data) loses less than half of it."""
+    """Per task: whether the control shows the premise. An imitation agent (``IMITATORS``) that learned
+    the clean task (F1 at least ``LEARNED``) loses at least ``PREMISE_GAP`` where it could recover,
+    and the recovering teacher, which learned it too, loses less than half of that."""
     said = {}
     for task, policies in summary.items():
-        student = policies.get("sft-oracle", {}).get("recovery", {}).get("loss")
-        teachers = {t: policies[t]["recovery"]["loss"] for t in TEACHERS
-                    if policies.get(t, {}).get("recovery", {}).get("loss") is not None}
-        if student is None or not teachers:
-            said[task] = "not tested yet: needs the sft-oracle student and a teacher"
-            continue
-        best = max(teachers, key=teachers.get)
-        lost = ", ".join(f"{t} {v:+.3f}" for t, v in teachers.items())
-        if -student < PREMISE_GAP:
-            said[task] = (f"not shown: where it could recover, the imitation student's F1 changes by {student:+.3f} "
-                          f"(it must lose {PREMISE_GAP}); the teachers' by {lost}")
-        elif -teachers[best] >= PREMISE_GAP / 2:
-            said[task] = (f"not shown: every teacher loses too ({lost}: recovery is not shown learnable); "
-                          f"the imitation student's F1 changes by {student:+.3f}")
+        def loss(p: str) -> float | None:
+            return policies.get(p, {}).get("recovery", {}).get("loss")
+
+        def learned(p: str) -> bool:
+            return p in policies and policies[p]["f1_clean_all"] >= LEARNED and loss(p) is not None
+
+        clean = ", ".join(f"{p} {policies[p]['f1_clean_all']:.3f}" for p in (*IMITATORS, RECOVERING) if p in policies)
+        imitators = [p for p in IMITATORS if learned(p)]
+        if not imitators:
+            said[task] = f"not tested yet: no imitation agent reaches F1 {LEARNED} clean ({clean or 'none read'})"
+        elif not learned(RECOVERING):
+            said[task] = f"not tested yet: the recovering teacher must reach F1 {LEARNED} clean ({clean})"
         else:
-            said[task] = (f"shown: where it could recover, the imitation student's F1 changes by {student:+.3f}, "
-                          f"the {best}'s by {teachers[best]:+.3f}")
+            worst = min(imitators, key=loss)
+            if -loss(worst) < PREMISE_GAP:
+                said[task] = (f"not shown: where it could recover, imitation's F1 changes by at most "
+                              f"{loss(worst):+.3f} ({worst}; it must lose {PREMISE_GAP})")
+            elif -loss(RECOVERING) >= PREMISE_GAP / 2:
+                said[task] = (f"not shown: the recovering teacher's F1 changes by {loss(RECOVERING):+.3f} too "
+                              f"(recovery is not shown learnable); {worst}'s by {loss(worst):+.3f}")
+            else:
+                said[task] = (f"shown: where it could recover, {worst}'s F1 changes by {loss(worst):+.3f}, "
+                              f"the recovering teacher's by {loss(RECOVERING):+.3f}")
     return said
 
 

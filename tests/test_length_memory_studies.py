@@ -168,16 +168,23 @@ def test_on_policy_premise_pairs_and_verdicts_by_hand():
     assert got["no_recovery"] == {"episodes": 1, "f1_clean": 0.0, "f1_perturbed": 0.0, "loss": 0.0, "loss_se": None}
     assert got["f1_clean_all"] == 0.75 and got["f1_perturbed_all"] == 0.5
 
-    def summary(student, teacher):
-        cell = lambda loss: {"recovery": {"loss": loss}}  # noqa: E731
-        return {"T": {"sft-oracle": cell(student), "teacher": cell(teacher)}}
+    def summary(**losses):  # policy -> (clean F1, change where the fact is read again)
+        return {"T": {p: {"f1_clean_all": clean, "recovery": {"loss": loss}} for p, (clean, loss) in losses.items()}}
 
-    assert premise.verdicts(summary(-0.5, -0.05))["T"].startswith("shown")
-    both = {"T": {"sft-oracle": {"recovery": {"loss": -0.5}}, "teacher": {"recovery": {"loss": -0.3}},
-                  "teacher-recovering": {"recovery": {"loss": 0.0}}}}
-    assert premise.verdicts(both)["T"].startswith("shown") and "teacher-recovering's by +0.000" in premise.verdicts(both)["T"]
-    assert premise.verdicts(summary(-0.1, 0.0))["T"].startswith("not shown: where it could recover")
-    assert premise.verdicts(summary(-0.5, -0.3))["T"].startswith("not shown: every teacher loses")
+    said = premise.verdicts(summary(**{"sft-oracle": (0.9, -0.5), "teacher-recovering": (0.8, -0.05)}))["T"]
+    assert said == "shown: where it could recover, sft-oracle's F1 changes by -0.500, the recovering teacher's by -0.050"
+    # the student never learned the clean task: the auto teacher, an imitation agent too, stands in
+    said = premise.verdicts(summary(**{"sft-oracle": (0.03, 0.0), "teacher": (0.86, -0.33),
+                                       "teacher-recovering": (0.8, 0.0)}))["T"]
+    assert said.startswith("shown") and "teacher's F1 changes by -0.330" in said
+    assert premise.verdicts(summary(**{"sft-oracle": (0.03, 0.0), "teacher-recovering": (0.8, 0.0)}))["T"] \
+        .startswith("not tested yet: no imitation agent")
+    assert premise.verdicts(summary(**{"teacher": (0.86, -0.33), "teacher-recovering": (0.0, 0.0)}))["T"] \
+        .startswith("not tested yet: the recovering teacher")
+    assert premise.verdicts(summary(**{"teacher": (0.86, -0.1), "teacher-recovering": (0.8, 0.0)}))["T"] \
+        .startswith("not shown: where it could recover")
+    assert premise.verdicts(summary(**{"teacher": (0.86, -0.33), "teacher-recovering": (0.8, -0.2)}))["T"] \
+        .startswith("not shown: the recovering teacher")
 
 
 def test_long_horizon_reader_starts_as_the_teacher(tmp_path):
