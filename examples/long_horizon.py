@@ -469,7 +469,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         bottom.set_xscale("log", base=2)
         bottom.set_xlabel("chunks read after the fact + 1 (bins of powers of two)")
         for ax in (top, bottom):
-            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
             ax.set_ylim(-0.02, 1.02)
             ax.set_ylabel("held-out F1")
     axes[0][-1].legend(fontsize=7)
