@@ -90,3 +90,10 @@ def draw_all(data: Data, into: Path) -> list[Path]:
 @figure("long_horizon_length.png")
 def long_horizon(d: Data, path: Path) -> None:
     script("long_horizon").plot(d("long_horizon/results.json")["summary"], path)
+
+
+@figure("rl_plateau_curves.png")
+def rl_plateau(d: Data, path: Path) -> None:
+    from doctables.rl_plateau import arm_results
+
+    script("rl_plateau").plot(arm_results(d), path)
