@@ -29,8 +29,8 @@ would not test the premise, and the reading says so. The teachers:
 
   teacher             part 1's: the auto teacher (SFT on clean oracle trajectories): itself an
                       imitation learner, it has never seen a wrong memory either
-  teacher-recovering  the same recipe (at least ``RECOVERING_MIN_STEPS`` steps) on oracle trajectories
-                      drawn under ``TEACHER_PERTURBATION`` (each write replaced by a distractor with
+  teacher-recovering  the auto teacher fine-tuned further by its recipe on oracle trajectories drawn
+                      under ``TEACHER_PERTURBATION`` (each write replaced by a distractor with
                       probability 0.25): the oracle keeps the wrong memory until the fact comes again,
                       then writes the fact, so its data shows recovery (noise injected into the
                       demonstrations, as DART does)
@@ -72,10 +72,11 @@ LEARNED = 0.5
 TEACHER_PERTURBATION = "distractor@p0.25"
 """The recovering teacher's data: oracle trajectories with each memory write replaced by a distractor
 with this probability."""
-RECOVERING_MIN_STEPS = 750
-"""The recovering teacher's fine-tuning runs at least this many steps: on LongQA the clean recipe's 250
-left it on the copy plateau (final loss 1.30, F1 0.000 clean), as they left KnowledgeUpdate's two
-people (whose task recommends 750)."""
+RECOVERING_FROM_TEACHER = True
+"""The recovering teacher is fine-tuned from the auto teacher (the recipe's steps and learning rate),
+not from the preset: from the preset, the recipe's 250 steps on the perturbed trajectories left it on
+the copy plateau on LongQA (final loss 1.30, F1 0.000 clean) and 750 steps short of it (loss 0.63,
+F1 0.090), where the clean recipe's 250 reach 0.859."""
 PERTURBATION = "distractor@0"
 EPISODES = 256
 PREMISE_GAP = 0.2
@@ -118,7 +119,8 @@ def recovering_teacher(task: str, args: argparse.Namespace, one: argparse.Namesp
         return out
     _, cfg = lh.rl_config(task, "memopd", 0, one)
     recipe = teacher_recipe(cfg)
-    recipe["steps"] = max(recipe["steps"], RECOVERING_MIN_STEPS)
+    if RECOVERING_FROM_TEACHER:
+        recipe["model"] = lh.teacher_dir(task, one)
     if args.smoke:
         recipe.update(num_episodes=8, steps=2)
     data = Path(args.out) / task / "oracle-perturbed"
