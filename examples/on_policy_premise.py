@@ -33,14 +33,19 @@ would not test the premise, and the reading says so. The teachers:
                       under ``TEACHER_PERTURBATION`` (each write replaced by a distractor with
                       probability 0.25): the oracle keeps the wrong memory until the fact comes again,
                       then writes the fact, so its data shows recovery (noise injected into the
-                      demonstrations, as DART does)
+                      demonstrations, as DART does). Measured on LongQA, it does not work as built:
+                      the oracle's script keeps only the sample's supporting facts, so after a
+                      distractor it writes an empty memory, which a reader of the text cannot tell
+                      from a true fact (privileged information); the teacher fine-tuned on it drops
+                      its memories (F1 0.129 clean, against the auto teacher's 0.859)
 
 The other policies are part 1's (``--policies`` of sft-oracle, sft-teacher, memopd, ppo,
 opd-persistent, warm-start), trained by it when missing, in the same --out. Cells land in
 rows-premise/ (one file per task, policy, seed and reading; a rerun recomputes nothing), the
 evaluations in eval-premise/, the recovering teacher in <task>/teacher-recovering/.
 
-Not yet in this script: part 2's comparison (its DAgger-style SFT needs the teacher's actions in
+Not yet in this script: a recovering teacher from demonstrations a reader could follow (an oracle
+that keeps a memory it cannot see is wrong until the fact comes again), part 2's comparison (its DAgger-style SFT needs the teacher's actions in
 the student's states), 5 seeds, LongQA with distractor facts (``distractor_similarity``).
 """
 
