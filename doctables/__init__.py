@@ -28,7 +28,7 @@ from doctables.core import TABLES, Data, table  # noqa: F401
 
 MODULES = ("baselines", "reproduction", "seed_methods", "smollm2", "other_tokenizer", "benchmarks", "summary",
            "length_axis", "long_inputs", "memory_binds", "ppo_collapse", "multi_teacher", "long_horizon",
-           "rl_plateau")
+           "rl_plateau", "on_policy_premise")
 """The renderer modules, each the tables of one study (or one page's benchmarks)."""
 
 
