@@ -12,16 +12,11 @@ REACH = 0.8
 
 
 def _runs(data: dict) -> list[tuple[dict[int, float], dict[int, float]]]:
-    """Per run: held-out F1 by step, and training seconds by step (``step_s`` summed)."""
-    out = []
-    for run in data["runs"].values():
-        evals = {r["step"]: r["eval/f1"] for r in run["rows"] if "eval/f1" in r}
-        spent, walls = 0.0, {0: 0.0}
-        for r in sorted((r for r in run["rows"] if "step_s" in r), key=lambda r: r["step"]):
-            spent += r["step_s"]
-            walls[r["step"]] = spent
-        out.append((evals, walls))
-    return out
+    """Per run: held-out F1 by step, and training seconds by step (the study script's own curve)."""
+    from doctables.figures import script
+
+    curves = [script("rl_plateau").curve(run) for run in data["runs"].values()]
+    return [({s: f1 for s, _, f1 in c}, {s: w for s, w, _ in c}) for c in curves]
 
 
 def final(evals: dict[int, float], last: int = 3) -> float:
