@@ -293,12 +293,17 @@ def eval_cell(task: str, policy: str, seed: int, n: int, args: argparse.Namespac
     row = {"task": task, "policy": policy, "seed": seed, "num_chunks": n, "f1": f1, "mean_f1": sum(f1) / len(f1),
            "sample_ids": [e.sample_id for e in episodes],
            "calls_per_s": summary.get("calls_per_s"), "eval_s": time.perf_counter() - t0}
-    row_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = row_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(row) + "\n")
-    tmp.replace(row_path)  # a killed write leaves no half row
+    write_row(row_path, row)
     print(f"{task} {policy} seed {seed} @ {n} chunks: F1 {row['mean_f1']:.3f} ({len(f1)} episodes)", flush=True)
     return row
+
+
+def write_row(path: Path, row: dict[str, Any]) -> None:
+    """One finished cell's JSON, written whole and then renamed: a killed write leaves no half row."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(row) + "\n")
+    tmp.replace(path)
 
 
 def seeds_of(policy: str, args: argparse.Namespace) -> list[int]:
@@ -315,9 +320,7 @@ def fact_distances(task: str, n: int, sample_ids: Sequence[str]) -> list[int]:
     has one, as in Counting). The memory must carry the answer across these chunks' calls."""
     import gymnasium as gym
 
-    if (task, n) not in _DISTANCES:
-        _DISTANCES[(task, n)] = {}
-    got = _DISTANCES[(task, n)]
+    got = _DISTANCES.setdefault((task, n), {})
     missing = [sid for sid in sample_ids if sid not in got]
     if missing:
         env = gym.make(f"memgym/{task}-v0", **{**TASKS.get(task, {}), "num_chunks": n}, split="test")

@@ -164,10 +164,7 @@ def cell(task: str, policy: str, seed: int, spec: str | None, one: argparse.Name
     row = {"task": task, "policy": policy, "seed": seed, "num_chunks": one.train_chunks, "spec": spec,
            "sample_ids": [e.sample_id for e in got], "f1": [e.metrics.get("f1", 0.0) for e in got],
            "reappears": [e.perturbations[-1].reappears if e.perturbations else None for e in got]}
-    row_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = row_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(row) + "\n")
-    tmp.replace(row_path)
+    lh.write_row(row_path, row)
     print(f"{task} {policy} seed {seed} {spec or 'clean'}: F1 {sum(row['f1']) / len(row['f1']):.3f}", flush=True)
     return row
 
@@ -175,10 +172,8 @@ def cell(task: str, policy: str, seed: int, spec: str | None, one: argparse.Name
 def paired(clean: dict[str, Any], perturbed: dict[str, Any]) -> dict[str, Any]:
     """F1 clean and perturbed, and their paired difference (mean ± se), on the episodes where the
     fact was read again after the perturbation, on those where it was not, and F1 of both reads on
-    all episodes. Episodes pair by sample; clean rows of part 1 without ``sample_ids`` are the first
-    test samples in order."""
-    ids = clean.get("sample_ids") or [f"{clean['task'].lower()}-test-0-{i}" for i in range(len(clean["f1"]))]
-    base = dict(zip(ids, clean["f1"]))
+    all episodes. Episodes pair by sample."""
+    base = dict(zip(clean["sample_ids"], clean["f1"]))
     groups: dict[str, list[tuple[float, float]]] = {"recovery": [], "no_recovery": []}
     for sid, f1, again in zip(perturbed["sample_ids"], perturbed["f1"], perturbed["reappears"]):
         if sid in base and again is not None:
