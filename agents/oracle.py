@@ -2,7 +2,8 @@
 
 Memory = what the sample's oracle script (:mod:`memgym.oracle`) keeps, as many whole items as the
 memory budget holds (by default the supporting-fact sentences seen so far, verbatim, in reading
-order); answer = what the script reads from the memory the env holds, and from nothing else: an
+order; with ``script="reader"`` the newest sentence of each fact's frame, as a reader of the text
+could keep it: :class:`memgym.oracle.ReaderScript`); answer = what the script reads from the memory the env holds, and from nothing else: an
 oracle whose budget cannot hold what the answer needs does not answer right, says so once with an
 :class:`OracleBudgetWarning`, and its episodes name what the memory lacked
 (:attr:`agents.records.Episode.dropped_facts`). It writes the same records as a model agent
@@ -25,7 +26,7 @@ from agents.memagent import MemAgent
 from agents.policy import EpisodeState
 from agents.prompts import MEMAGENT_TEMPLATE, PromptTemplate
 from agents.records import Episode, Invocation
-from memgym.oracle import FactsScript, OracleScript
+from memgym.oracle import FactsScript, OracleScript, ReaderScript
 
 SampleLookup = Callable[[str, str], Any]
 
@@ -48,13 +49,22 @@ class OracleAgent(MemAgent):
         tokenizer: tokenizer of the records (default: the ``tiny`` preset's). Make the env with
             the same tokenizer so the memory budget is counted in its tokens.
         template: prompt texts (default: MemAgent's, so the records train a MemAgent).
+        script: how a sample without a script of its own is solved (``SCRIPTS``): ``"facts"`` keeps
+            the supporting facts only (it knows which sentences are true, so it drops a wrong memory
+            it could not tell from a fact); ``"reader"`` keeps the newest sentence of each fact's
+            frame, so after a wrong memory its trajectories show a recovery learnable from the text
+            (``--agent-kwarg script=reader``).
     """
 
     name = "oracle"
     calls_model = False  # scripted: nothing sampled, nothing to train (its records are SFT data)
 
     def __init__(self, samples: Any, tokenizer: Any = None, template: PromptTemplate | str = MEMAGENT_TEMPLATE,
-                 backend: Any = None) -> None:
+                 backend: Any = None, script: str = "facts") -> None:
+        if script not in SCRIPTS:
+            raise ValueError(f"OracleAgent: script={script!r} is not one of {sorted(SCRIPTS)} "
+                             "(facts: keep the supporting facts; reader: the newest sentence of each fact's frame)")
+        self.script = script
         if backend is not None:
             raise ValueError("OracleAgent calls no model; pass tokenizer=..., not a backend")
         if tokenizer is None:
@@ -82,7 +92,7 @@ class OracleAgent(MemAgent):
         if state.prefix_ids is None:
             sample = self.lookup(str(info.get("task_id", "")), str(info["sample_id"]))
             state.prefix_ids = self.prompts.prefix(info["question"])
-            state.extra["script"] = script_for(sample, self.origin)
+            state.extra["script"] = script_for(sample, self.origin, self.script)
         script: OracleScript = state.extra["script"]
         memory = str(info.get("memory", ""))  # what the env holds: the oracle knows nothing else
         phase = info.get("phase")
@@ -172,12 +182,17 @@ def supporting_texts(sample: Any, origin: str = "") -> list[str]:
     return out
 
 
-def script_for(sample: Any, origin: str = "") -> OracleScript:
-    """The sample's own oracle script, else the supporting-facts one (:class:`memgym.oracle.FactsScript`)."""
+SCRIPTS = {"facts": FactsScript, "reader": ReaderScript}
+"""The scripts for a sample without its own (``OracleAgent(script=...)``)."""
+
+
+def script_for(sample: Any, origin: str = "", kind: str = "facts") -> OracleScript:
+    """The sample's own oracle script (used as it is, whatever ``kind``), else the supporting-facts
+    one of ``kind`` (:data:`SCRIPTS`)."""
     script = getattr(sample, "oracle", None)
     if script is not None:
         return script
-    return FactsScript(supporting_texts(sample, origin), str(sample.answers[0]))
+    return SCRIPTS[kind](supporting_texts(sample, origin), str(sample.answers[0]))
 
 
 def _as_lookup(samples: Any) -> SampleLookup:

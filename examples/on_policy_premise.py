@@ -31,21 +31,22 @@ would not test the premise, and the reading says so. The teachers:
                       imitation learner, it has never seen a wrong memory either
   teacher-recovering  the auto teacher fine-tuned further by its recipe on oracle trajectories drawn
                       under ``TEACHER_PERTURBATION`` (each write replaced by a distractor with
-                      probability 0.25): the oracle keeps the wrong memory until the fact comes again,
-                      then writes the fact, so its data shows recovery (noise injected into the
-                      demonstrations, as DART does). Measured on LongQA, it does not work as built:
-                      the oracle's script keeps only the sample's supporting facts, so after a
-                      distractor it writes an empty memory, which a reader of the text cannot tell
-                      from a true fact (privileged information); the teacher fine-tuned on it drops
-                      its memories (F1 0.129 clean, against the auto teacher's 0.859)
+                      probability 0.25) by the *reader* oracle (``--agent-kwarg script=reader``,
+                      ``memgym.oracle.ReaderScript``): it keeps the newest sentence about the asked
+                      person, so it keeps the wrong memory until the fact comes again, then writes the
+                      fact; its data shows recovery a model can learn from its inputs (noise injected
+                      into the demonstrations, as DART does). The default oracle cannot serve here: it
+                      keeps only the sample's supporting facts, so after a distractor it writes an empty
+                      memory, which no reader of the text could tell from a true fact (privileged
+                      information); the teacher fine-tuned on its data dropped its memories (F1 0.129
+                      clean on LongQA, against the auto teacher's 0.859)
 
 The other policies are part 1's (``--policies`` of sft-oracle, sft-teacher, memopd, ppo,
 opd-persistent, warm-start), trained by it when missing, in the same --out. Cells land in
 rows-premise/ (one file per task, policy, seed and reading; a rerun recomputes nothing), the
 evaluations in eval-premise/, the recovering teacher in <task>/teacher-recovering/.
 
-Not yet in this script: a recovering teacher from demonstrations a reader could follow (an oracle
-that keeps a memory it cannot see is wrong until the fact comes again), part 2's comparison (its DAgger-style SFT needs the teacher's actions in
+Not yet in this script: part 2's comparison (its DAgger-style SFT needs the teacher's actions in
 the student's states), 5 seeds, LongQA with distractor facts (``distractor_similarity``).
 """
 
@@ -113,8 +114,8 @@ def episodes(args: argparse.Namespace) -> int:
 
 def recovering_teacher(task: str, args: argparse.Namespace, one: argparse.Namespace) -> Path:
     """The auto teacher's recipe on oracle trajectories drawn under ``TEACHER_PERTURBATION``: the
-    oracle's actions in perturbed states (it keeps the wrong memory until the fact comes again, then
-    writes the fact), so that recovery is in its data."""
+    reader oracle's actions in perturbed states (it keeps the wrong memory until the fact comes
+    again, then writes the fact), so that recovery is in its data."""
     from memopd.eval import evaluate as run_eval
     from memopd.learn.models import teacher_recipe
     from memopd.sft import SFTConfig, run as run_sft
@@ -130,9 +131,10 @@ def recovering_teacher(task: str, args: argparse.Namespace, one: argparse.Namesp
         recipe.update(num_episodes=8, steps=2)
     data = Path(args.out) / task / "oracle-perturbed"
     if not (data / "episodes.jsonl").is_file():
-        run_eval([*lh.env_argv(task, one.train_chunks), "--agent", "oracle", "--model", recipe["model"], "--split",
-                  "train", "--episodes", str(recipe["num_episodes"]), "--seed", "1", "--memory-perturbation",
-                  TEACHER_PERTURBATION, "--no-progress", "--out", str(data), "--overwrite"])
+        run_eval([*lh.env_argv(task, one.train_chunks), "--agent", "oracle", "--agent-kwarg", "script=reader",
+                  "--model", recipe["model"], "--split", "train", "--episodes", str(recipe["num_episodes"]),
+                  "--seed", "1", "--memory-perturbation", TEACHER_PERTURBATION, "--no-progress", "--out", str(data),
+                  "--overwrite"])
     run_sft(SFTConfig(model=recipe["model"], episodes=str(data / "episodes.jsonl"), out=str(out), seed=1,
                       threads=args.threads, progress=False, steps=recipe["steps"],
                       batch_episodes=recipe["batch_episodes"], lr=recipe["lr"], checkpoint_every=25), progress=False)

@@ -80,4 +80,58 @@ class FactsScript:
         return [f for f in self.facts if not contains(memory, f)]
 
 
-__all__ = ["FactsScript", "OracleScript", "contains"]
+class ReaderScript:
+    """The supporting facts kept as a reader of the text could keep them, not knowing which sentence
+    is true: each fact's *frame* is the fact with the answer's words as blanks (``karl ___ .`` for
+    ``karl aperture .``, when the question asks where karl works); per frame, the memory keeps the
+    newest sentence that fills it (the chunk's over the memory's), and the answer is read from the
+    memory's fillers.
+
+    On clean input it writes what :class:`FactsScript` writes (only the facts fill their frames).
+    They part where the memory holds a wrong sentence of a frame (a perturbation, a wrong write):
+    :class:`FactsScript` knows the true facts and drops it (privileged: no reader of the text could
+    tell it was wrong), this script keeps it and answers from it until the chunk fills the frame
+    again, then takes the chunk's sentence. Its trajectories from perturbed states therefore show a
+    recovery a model can learn from its inputs.
+    """
+
+    def __init__(self, facts: Sequence[str], answer: str):
+        self.facts = list(facts)
+        self.gold = answer.split()
+        blanks = set(self.gold)
+        self.frames = [re.compile(r"(?<!\w)" + r"\s+".join(r"(\S+)" if w in blanks else re.escape(w)
+                                                            for w in fact.split()) + r"(?!\w)")
+                       for fact in self.facts]
+
+    def _newest(self, frame: re.Pattern[str], text: str) -> re.Match[str] | None:
+        found = None
+        for found in frame.finditer(text):
+            pass
+        return found
+
+    def update(self, memory: str, chunk: str) -> list[str]:
+        held, new = [], []  # FactsScript's order: the memory's frames where they stand, then the chunk's
+        for frame in self.frames:
+            old, fresh = self._newest(frame, memory), self._newest(frame, chunk)
+            if old is not None:
+                held.append((old.start(), (fresh or old).group(0)))
+            elif fresh is not None:
+                new.append(fresh.group(0))
+        items = [text for _, text in sorted(held)] + new
+        return [t for k, t in enumerate(items) if t not in items[:k]]
+
+    def answer(self, memory: str) -> str:
+        fillers: dict[str, str] = {}
+        for fact, frame in zip(self.facts, self.frames):
+            match = self._newest(frame, memory)
+            if match is None:
+                return ""
+            blanks = [w for w in fact.split() if w in self.gold]
+            fillers.update(zip(blanks, match.groups()))
+        return " ".join(fillers.get(w, w) for w in self.gold)
+
+    def missing(self, memory: str) -> list[str]:
+        return [f for f in self.facts if not contains(memory, f)]
+
+
+__all__ = ["FactsScript", "OracleScript", "ReaderScript", "contains"]

@@ -97,6 +97,61 @@ def test_reappears_says_whether_a_supporting_fact_is_read_after_the_perturbation
     assert seen == {True, False}
 
 
+def test_the_reader_oracle_writes_the_facts_oracle_on_clean_input():
+    """On clean LongQA (one and two hops) the reader script (memgym.oracle.ReaderScript) writes what
+    the facts script writes, call by call: only the facts fill their frames."""
+    for hops in (1, 2):
+        env = gym.make("memgym/LongQA-v0", split="test", num_chunks=4, hops=hops)
+        facts = oracle_episodes(env, 12)
+        reader = [run_episode(env, OracleAgent.for_env(env, script="reader"), seed=s) for s in range(12)]
+        for a, b in zip(facts, reader):
+            assert [i.response_text for i in a.invocations] == [i.response_text for i in b.invocations]
+            assert a.reward == b.reward == 1.0
+
+
+def test_the_reader_oracle_keeps_a_wrong_memory_until_the_fact_comes_again():
+    """After a distractor, the facts script empties the memory (it knows the sentence is wrong: privileged);
+    the reader keeps it, answers from it while it is all it has, and takes the fact when read."""
+    kw = {"num_chunks": 6, "chunk_size": 48, "memory_budget": 16, "numbering": "random"}
+    env = wrapped("distractor@0", **kw)
+    source = env.unwrapped.source
+    both = zip(oracle_episodes(env, 24), [run_episode(env, OracleAgent.for_env(env, script="reader"), seed=s)
+                                          for s in range(24)])
+    recovered = 0
+    for facts, reader in both:
+        (p,) = reader.perturbations
+        fact = source[source.index_of(reader.sample_id)].supporting_facts[0]
+        wrote = [i.response_text for i in reader.invocations[:-1]]
+        if fact["chunk"] == 0:  # the fact was overwritten and never comes again: both answer wrong
+            assert wrote[1:] == [p.replacement] * 5 and reader.prediction == p.replacement.split()[1]
+            assert facts.prediction == "" and reader.reward == facts.reward == 0.0
+            continue
+        recovered += 1
+        at = fact["chunk"]
+        assert wrote[1:at] == [p.replacement] * (at - 1) and wrote[at:] == [fact["text"]] * (6 - at)
+        assert [i.response_text for i in facts.invocations[1:at]] == [""] * (at - 1)
+        assert reader.reward == facts.reward == 1.0
+    assert recovered >= 8
+
+
+def test_an_unknown_oracle_script_is_refused():
+    with pytest.raises(ValueError, match="script='notes' is not one of"):
+        OracleAgent.for_env(gym.make("memgym/LongQA-v0"), script="notes")
+
+
+def test_the_reader_script_reads_its_answer_from_the_frames_fillers():
+    from memgym.oracle import ReaderScript
+
+    s = ReaderScript(["karl new york ."], "new york")
+    assert s.update("", "karl boston town . karl new york .") == ["karl new york ."]
+    assert s.update("karl boston town .", "nothing here .") == ["karl boston town ."]
+    assert s.answer("karl boston town .") == "boston town" and s.answer("ann new york .") == ""
+    assert s.missing("karl boston town .") == ["karl new york ."] and s.missing("karl new york .") == []
+    two = ReaderScript(["ann boss karl .", "karl acme ."], "acme")  # a bridge fact has no blank
+    assert two.update("karl initech .", "ann boss karl .") == ["karl initech .", "ann boss karl ."]
+    assert two.answer("karl initech . ann boss karl .") == "initech" and two.answer("karl initech .") == ""
+
+
 def test_an_unperturbed_run_is_unchanged_by_the_wrapper(tiny, backend):
     from agents.backends.base import SamplingParams
     from agents.memagent import MemAgent
