@@ -19,10 +19,10 @@ memory), each policy is read twice on the same first ``EPISODES`` test episodes,
 
 Recovery is possible where a supporting fact is read again after the perturbation (the fact sits in
 a later chunk); on those episodes the loss is the paired difference F1(perturbed) - F1(clean), per
-episode, mean ± se. The control shows the premise when an imitation agent (``IMITATORS``: SFT on
-clean oracle trajectories, the student at part 1's compute or the auto teacher) that learned the
-clean task loses at least ``PREMISE_GAP`` there, and the recovering teacher below, which learned it
-too, loses less than half of that (recovery is learnable in this setting, from states that clean
+episode, mean ± se. The control shows the premise when every imitation agent (``IMITATORS``: SFT on
+clean oracle trajectories, the student at part 1's compute, the auto teacher, the auto teacher
+fine-tuned further) that learned the clean task loses at least ``PREMISE_GAP`` there, and the
+recovering teacher below, which learned it too, loses less than half of that (recovery is learnable in this setting, from states that clean
 demonstrations never show). Otherwise the comparison of part 2
 (SFT-oracle, SFT-teacher, DAgger-style SFT and PPO + MemOPD at equal compute, on recovery and F1)
 would not test the premise, and the reading says so. The teachers:
@@ -40,6 +40,9 @@ would not test the premise, and the reading says so. The teachers:
                       memory, which no reader of the text could tell from a true fact (privileged
                       information); the teacher fine-tuned on its data dropped its memories (F1 0.129
                       clean on LongQA, against the auto teacher's 0.859)
+  teacher-further     the same fine-tuning on the reader oracle's clean trajectories (as many, the same
+                      steps): more imitation at the recovering teacher's compute, so that what the
+                      recovering teacher gains over the auto teacher is not extra training alone
 
 The other policies are part 1's (``--policies`` of sft-oracle, sft-teacher, memopd, ppo,
 opd-persistent, warm-start), trained by it when missing, in the same --out. Cells land in
@@ -64,15 +67,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_horizon, beside
 import long_horizon as lh  # noqa: E402
 
 TASKS = ("LongQA", "KnowledgeUpdate")
-POLICIES = ("teacher", "teacher-recovering", "sft-oracle", "sft-teacher", "memopd", "ppo", "opd-persistent",
-            "warm-start")
-DEFAULT_POLICIES = ("teacher", "teacher-recovering", "sft-oracle")
-FIXED = ("teacher", "teacher-recovering")
+POLICIES = ("teacher", "teacher-further", "teacher-recovering", "sft-oracle", "sft-teacher", "memopd", "ppo",
+            "opd-persistent", "warm-start")
+DEFAULT_POLICIES = ("teacher", "teacher-further", "teacher-recovering", "sft-oracle")
+FIXED = ("teacher", "teacher-further", "teacher-recovering")
 """The seedless policies (read at seed 0)."""
-IMITATORS = ("sft-oracle", "teacher")
-"""The imitation agents: SFT on clean oracle trajectories, the student at part 1's compute and the
-auto teacher (its recipe, the recovering teacher's size)."""
+IMITATORS = ("sft-oracle", "teacher", "teacher-further")
+"""The imitation agents, all on clean oracle trajectories: the student at part 1's compute, the auto
+teacher, and the auto teacher fine-tuned further at the recovering teacher's compute."""
 RECOVERING = "teacher-recovering"
+FURTHER = {"teacher-recovering": "oracle-perturbed", "teacher-further": "oracle-clean"}
+"""The teachers fine-tuned further from the auto teacher, and the directory of their data."""
 LEARNED = 0.5
 """The clean F1 an agent must reach for its loss under the perturbation to say anything."""
 TEACHER_PERTURBATION = "distractor@p0.25"
@@ -112,15 +117,16 @@ def episodes(args: argparse.Namespace) -> int:
     return lh.SMOKE["episodes"] if args.smoke else EPISODES
 
 
-def recovering_teacher(task: str, args: argparse.Namespace, one: argparse.Namespace) -> Path:
-    """The auto teacher's recipe on oracle trajectories drawn under ``TEACHER_PERTURBATION``: the
-    reader oracle's actions in perturbed states (it keeps the wrong memory until the fact comes
-    again, then writes the fact), so that recovery is in its data."""
+def further_teacher(task: str, policy: str, args: argparse.Namespace, one: argparse.Namespace) -> Path:
+    """The auto teacher's recipe on the reader oracle's trajectories: for ``teacher-recovering`` drawn
+    under ``TEACHER_PERTURBATION`` (the oracle keeps the wrong memory until the fact comes again, then
+    writes the fact, so that recovery is in its data), for ``teacher-further`` clean (the same
+    compute and trajectories with no perturbation: more imitation alone)."""
     from memopd.eval import evaluate as run_eval
     from memopd.learn.models import teacher_recipe
     from memopd.sft import SFTConfig, run as run_sft
 
-    out = Path(args.out) / task / "teacher-recovering"
+    out = Path(args.out) / task / policy
     if (out / "config.json").is_file():
         return out
     _, cfg = lh.rl_config(task, "memopd", 0, one)
@@ -129,12 +135,12 @@ def recovering_teacher(task: str, args: argparse.Namespace, one: argparse.Namesp
         recipe["model"] = lh.teacher_dir(task, one)
     if args.smoke:
         recipe.update(num_episodes=8, steps=2)
-    data = Path(args.out) / task / "oracle-perturbed"
+    data = Path(args.out) / task / FURTHER[policy]
+    spec = ["--memory-perturbation", TEACHER_PERTURBATION] if policy == RECOVERING else []
     if not (data / "episodes.jsonl").is_file():
         run_eval([*lh.env_argv(task, one.train_chunks), "--agent", "oracle", "--agent-kwarg", "script=reader",
                   "--model", recipe["model"], "--split", "train", "--episodes", str(recipe["num_episodes"]),
-                  "--seed", "1", "--memory-perturbation", TEACHER_PERTURBATION, "--no-progress", "--out", str(data),
-                  "--overwrite"])
+                  "--seed", "1", *spec, "--no-progress", "--out", str(data), "--overwrite"])
     run_sft(SFTConfig(model=recipe["model"], episodes=str(data / "episodes.jsonl"), out=str(out), seed=1,
                       threads=args.threads, progress=False, steps=recipe["steps"],
                       batch_episodes=recipe["batch_episodes"], lr=recipe["lr"], checkpoint_every=25), progress=False)
@@ -154,8 +160,8 @@ def cell(task: str, policy: str, seed: int, spec: str | None, one: argparse.Name
         return json.loads(row_path.read_text())
     if args.cached_only:
         return None
-    if policy == "teacher-recovering":
-        model, agent = str(recovering_teacher(task, args, one)), []
+    if policy in FURTHER:
+        model, agent = str(further_teacher(task, policy, args, one)), []
     else:
         model, agent = lh.model_of(task, policy, seed, one)
     out = Path(args.out) / "eval-premise" / name
@@ -195,9 +201,10 @@ def paired(clean: dict[str, Any], perturbed: dict[str, Any]) -> dict[str, Any]:
 
 
 def verdicts(summary: dict[str, Any]) -> dict[str, str]:
-    """Per task: whether the control shows the premise. An imitation agent (``IMITATORS``) that learned
-    the clean task (F1 at least ``LEARNED``) loses at least ``PREMISE_GAP`` where it could recover,
-    and the recovering teacher, which learned it too, loses less than half of that."""
+    """Per task: whether the control shows the premise. Every imitation agent (``IMITATORS``) that
+    learned the clean task (F1 at least ``LEARNED``) loses at least ``PREMISE_GAP`` where it could
+    recover (the one that recovers best is named), and the recovering teacher, which learned it too,
+    loses less than half of that."""
     said = {}
     for task, policies in summary.items():
         def loss(p: str) -> float | None:
@@ -213,15 +220,15 @@ def verdicts(summary: dict[str, Any]) -> dict[str, str]:
         elif not learned(RECOVERING):
             said[task] = f"not tested yet: the recovering teacher must reach F1 {LEARNED} clean ({clean})"
         else:
-            worst = min(imitators, key=loss)
-            if -loss(worst) < PREMISE_GAP:
+            best = max(imitators, key=loss)  # the imitation agent that recovers best
+            if -loss(best) < PREMISE_GAP:
                 said[task] = (f"not shown: where it could recover, imitation's F1 changes by at most "
-                              f"{loss(worst):+.3f} ({worst}; it must lose {PREMISE_GAP})")
+                              f"{loss(best):+.3f} ({best}; it must lose {PREMISE_GAP})")
             elif -loss(RECOVERING) >= PREMISE_GAP / 2:
                 said[task] = (f"not shown: the recovering teacher's F1 changes by {loss(RECOVERING):+.3f} too "
-                              f"(recovery is not shown learnable); {worst}'s by {loss(worst):+.3f}")
+                              f"(recovery is not shown learnable); {best}'s by {loss(best):+.3f}")
             else:
-                said[task] = (f"shown: where it could recover, {worst}'s F1 changes by {loss(worst):+.3f}, "
+                said[task] = (f"shown: where it could recover, {best}'s F1 changes by {loss(best):+.3f}, "
                               f"the recovering teacher's by {loss(RECOVERING):+.3f}")
     return said
 

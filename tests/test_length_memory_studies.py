@@ -147,10 +147,12 @@ def test_on_policy_premise_smoke_and_rerun(tmp_path):
     premise = load("on_policy_premise")
     assert premise.main(["--smoke", "--out", str(tmp_path), "--tasks", "KnowledgeUpdate"]) == 0
     results = json.loads((tmp_path / "premise.json").read_text())
-    assert set(results["summary"]["KnowledgeUpdate"]) == {"teacher", "teacher-recovering", "sft-oracle"}
+    assert set(results["summary"]["KnowledgeUpdate"]) == {"teacher", "teacher-further", "teacher-recovering", "sft-oracle"}
     assert all(r["spec"] == "distractor@0" and len(r["f1"]) == 4 for r in results["rows"])
     data = (tmp_path / "KnowledgeUpdate" / "oracle-perturbed" / "episodes.jsonl").read_text()
     assert '"kind": "distractor"' in data  # the recovering teacher's oracle data has perturbed states
+    clean = (tmp_path / "KnowledgeUpdate" / "oracle-clean" / "episodes.jsonl").read_text()
+    assert clean and '"kind": "distractor"' not in clean  # the further teacher's data has none
     assert any(again is not None for r in results["rows"] for again in r["reappears"])  # the wrapper perturbed
     stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-premise").iterdir())]
     assert premise.main(["--smoke", "--out", str(tmp_path), "--tasks", "KnowledgeUpdate", "--cached-only"]) == 0
@@ -183,6 +185,11 @@ def test_on_policy_premise_pairs_and_verdicts_by_hand():
         .startswith("not tested yet: the recovering teacher")
     assert premise.verdicts(summary(**{"teacher": (0.86, -0.1), "teacher-recovering": (0.8, 0.0)}))["T"] \
         .startswith("not shown: where it could recover")
+    # more imitation that recovers undoes the premise: the best-recovering imitator is the one read
+    said = premise.verdicts(summary(**{"teacher": (0.86, -0.33), "teacher-further": (0.95, -0.02),
+                                       "teacher-recovering": (0.97, 0.0)}))["T"]
+    assert said == ("not shown: where it could recover, imitation's F1 changes by at most -0.020 (teacher-further; "
+                    "it must lose 0.2)")
     assert premise.verdicts(summary(**{"teacher": (0.86, -0.33), "teacher-recovering": (0.8, -0.2)}))["T"] \
         .startswith("not shown: the recovering teacher")
 
