@@ -60,7 +60,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_horizon, beside this file
 
@@ -148,23 +148,28 @@ def further_teacher(task: str, policy: str, args: argparse.Namespace, one: argpa
 
 
 def cell(task: str, policy: str, seed: int, spec: str | None, one: argparse.Namespace,
-         args: argparse.Namespace) -> dict[str, Any] | None:
+         args: argparse.Namespace, model_of: Callable[[], tuple[str, list[str]]] | None = None,
+         where: str = "premise") -> dict[str, Any] | None:
     """One policy read at L, clean (``spec`` None) or under ``spec``: per episode its sample, F1 and
-    whether a supporting fact was read again after the perturbation (None: not perturbed)."""
+    whether a supporting fact was read again after the perturbation (None: not perturbed). The model
+    and its agent flags come from ``model_of`` (default: this script's policies, built when missing);
+    rows land in rows-<where>/, evaluations in eval-<where>/."""
     from agents.records import load_episodes
     from memopd.eval import evaluate as run_eval
 
     name = f"{task}-{policy}-s{seed}-{'clean' if spec is None else 'perturbed'}"
-    row_path = Path(args.out) / "rows-premise" / f"{name}.json"
+    row_path = Path(args.out) / f"rows-{where}" / f"{name}.json"
     if row_path.is_file():
         return json.loads(row_path.read_text())
     if args.cached_only:
         return None
-    if policy in FURTHER:
+    if model_of is not None:
+        model, agent = model_of()
+    elif policy in FURTHER:
         model, agent = str(further_teacher(task, policy, args, one)), []
     else:
         model, agent = lh.model_of(task, policy, seed, one)
-    out = Path(args.out) / "eval-premise" / name
+    out = Path(args.out) / f"eval-{where}" / name
     run_eval([*lh.env_argv(task, one.train_chunks), "--model", model, *agent, "--episodes", str(episodes(args)),
               "--temperature", "0", "--top-k", "1", "--threads", str(args.threads), "--no-progress",
               *([] if spec is None else ["--memory-perturbation", spec]), "--out", str(out), "--overwrite"])

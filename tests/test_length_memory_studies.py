@@ -211,3 +211,67 @@ def test_long_horizon_reader_starts_as_the_teacher(tmp_path):
     ids = torch.randint(0, teacher.config.vocab_size, (2, 300), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(reader(ids).logits, teacher(ids).logits)
+
+
+def test_on_policy_recovery_smoke_and_rerun(tmp_path):
+    """Part 2's comparison: every arm builds from the start (DAgger pools its rounds), is read clean
+    and perturbed, and counts its training states; a rerun recomputes nothing."""
+    recovery = load("on_policy_recovery")
+    assert recovery.main(["--smoke", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "recovery.json").read_text())
+    assert {r["arm"] for r in results["rows"]} == set(recovery.ARMS)
+    assert set(results["references"]) == {"LongQA/start", "LongQA/teacher"}
+    home = tmp_path / "LongQA" / "recovery"
+    assert set(json.loads((home / "dagger-s0" / "build.json").read_text())) == {"sample", "relabel", "sft"}
+    rounds = [len((home / "dagger-s0" / f"round-{r}" / "pooled.jsonl").read_text().splitlines()) for r in (0, 1)]
+    assert rounds == [4, 8]  # 8 trajectories over 2 rounds, aggregated
+    labelled = (home / "dagger-s0" / "round-0" / "labelled.jsonl").read_text()
+    assert '"relabelled_by"' in labelled
+    for row in results["rows"]:
+        assert row["states"]["calls"] > 0 and row["recovery"]["episodes"] + row["no_recovery"]["episodes"] > 0
+    assert results["verdicts"]["LongQA"].startswith("not tested yet")
+    stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-recovery").iterdir())]
+    assert recovery.main(["--smoke", "--out", str(tmp_path), "--cached-only"]) == 0
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-recovery").iterdir())] == stamps
+
+
+def test_on_policy_recovery_counts_wrong_memory_states_by_hand(tmp_path):
+    """The reader oracle after a distractor at chunk 0 holds the wrong sentence in the memory of every
+    call up to the chunk with the fact (that one a state to recover from), or in every later call when
+    the fact was in chunk 0: counted from the sample's fact chunk, not from the frames."""
+    from agents.records import load_episodes
+    from memopd.eval import evaluate
+
+    lh, recovery = load("long_horizon"), load("on_policy_recovery")
+    one = lh.parse_args(["--out", str(tmp_path), "--tasks", "LongQA"])
+    evaluate([*lh.env_argv("LongQA", 6), "--agent", "oracle", "--agent-kwarg", "script=reader", "--model",
+              lh.STUDENT, "--split", "train", "--episodes", "24", "--memory-perturbation", "distractor@0",
+              "--no-progress", "--out", str(tmp_path / "eps")])
+    path = tmp_path / "eps" / "episodes.jsonl"
+    import gymnasium as gym
+
+    source = gym.make("memgym/LongQA-v0", split="train", **{**lh.TASKS["LongQA"], "num_chunks": 6}).unwrapped.source
+    wrong = recoverable = calls = 0
+    for e in load_episodes(path).episodes:
+        at = source[source.index_of(e.sample_id)].supporting_facts[0]["chunk"]
+        calls += len(e.invocations)  # 6 memory writes and the answer
+        wrong += 6 if at == 0 else at
+        recoverable += at > 0
+    got = recovery.wrong_states("LongQA", [path], one)
+    assert got == {"calls": calls, "wrong_memory": wrong, "wrong_memory_fact_in_chunk": recoverable}
+    assert 0 < recoverable < 24
+
+
+def test_on_policy_recovery_verdicts_by_hand():
+    recovery = load("on_policy_recovery")
+
+    def arm(loss, se, seeds=3):
+        return {"seeds": seeds, "loss": loss, "loss_se": se}
+
+    base = {"sft-oracle": arm(-0.35, 0.02), "sft-teacher": arm(-0.30, 0.03)}
+    said = recovery.verdict({**base, "dagger": arm(-0.05, 0.02), "memopd": arm(-0.10, 0.03)})
+    assert said == "holds: dagger loses less than sft-oracle by 0.300 ± 0.028, sft-teacher by 0.250 ± 0.036"
+    said = recovery.verdict({**base, "dagger": arm(-0.25, 0.02), "memopd": arm(-0.28, 0.03)})
+    assert said.startswith("does not hold: dagger against sft-oracle +0.100 ± 0.028, sft-teacher +0.050")
+    assert recovery.verdict({**base, "memopd": arm(-0.05, 0.02, seeds=2)}).startswith("not tested yet")
+    assert recovery.verdict(base).startswith("not tested yet")
