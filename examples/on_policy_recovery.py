@@ -36,9 +36,10 @@ Each arm is read as the control reads a policy (``on_policy_premise.cell``): gre
 distractor after the first chunk, on the same first 256 test episodes, paired per episode; recovery
 is the change where the fact comes again. Beside it: the wall-clock of each arm's build, the
 teacher's sampling and labelling included (``build.json``; a stage killed and resumed counts only its
-last run), and how often the arm's training states hold a wrong memory (``wrong_states``: calls whose
-memory fills the asked fact's frame with a wrong word, ``alice globex .``; and of those, calls whose
-chunk brings the fact: the states where recovery is taught). The premise predicts that the arms
+last run), and how often the arm's training states start from a memory the oracle never holds
+(``wrong_states``: anything beside the supporting facts; of those, the calls whose chunk brings the
+fact, where recovery is taught; and memories of the control's kind, the asked fact's frame with a
+wrong word). The premise predicts that the arms
 trained in the student's states (dagger, memopd) recover where the others do not, and only as far
 as the student's own mistakes reach such states.
 
@@ -195,31 +196,50 @@ def training_states(task: str, arm: str, seed: int, args: argparse.Namespace) ->
 
 
 def wrong_states(task: str, files: Sequence[Path], one: argparse.Namespace) -> dict[str, int]:
-    """Calls whose memory fills the asked fact's frame with a wrong word, and of those, calls whose
-    chunk holds the fact (a state to recover from): the frames of ``memgym.oracle.ReaderScript``."""
+    """How often the calls of ``files`` start from a memory the oracle never holds (states imitation of
+    the oracle never shows): ``off_oracle``, a memory with anything beside the supporting facts (a
+    fact about another person, a wrong name, a wrong word); ``off_oracle_fact_in_chunk``, those whose
+    chunk brings a supporting fact (where writing it recovers); ``wrong_frame``, a memory that fills
+    the asked fact's frame with a wrong word (``alice globex .``: the control's perturbation, the
+    frames of ``memgym.oracle.ReaderScript``)."""
     import gymnasium as gym
 
     from agents.models import load_tokenizer
     from agents.records import load_episodes
-    from memgym.oracle import ReaderScript
+    from memgym.oracle import ReaderScript, contains
 
     env = gym.make(f"memgym/{task}-v0", split="train", **{**lh.TASKS[task], "num_chunks": one.train_chunks})
     source, tokenizer = env.unwrapped.source, load_tokenizer(lh.STUDENT)
-    counts = {"calls": 0, "wrong_memory": 0, "wrong_memory_fact_in_chunk": 0}
+    counts = {"calls": 0, "off_oracle": 0, "off_oracle_fact_in_chunk": 0, "wrong_frame": 0}
     for path in files:
         for episode in load_episodes(path).episodes:
             sample = source[source.index_of(episode.sample_id)]
             facts = [f["text"] for f in sample.supporting_facts]
-            script = ReaderScript(facts, str(sample.answers[0]))
+            frames = ReaderScript(facts, str(sample.answers[0])).frames
             for call in episode.invocations:
                 memory = tokenizer.decode(call.prompt_ids[slice(*call.spans["memory"])])
                 chunk = tokenizer.decode(call.prompt_ids[slice(*call.spans["chunk"])]) if "chunk" in call.spans else ""
-                held = [m.group(0) for frame in script.frames for m in frame.finditer(memory)]
-                wrong = any(h not in facts for h in held)
+                rest = memory
+                for fact in facts:
+                    rest = rest.replace(fact, " ")
+                off = bool(rest.strip())
                 counts["calls"] += 1
-                counts["wrong_memory"] += wrong
-                counts["wrong_memory_fact_in_chunk"] += wrong and any(f in chunk for f in facts)
+                counts["off_oracle"] += off
+                counts["off_oracle_fact_in_chunk"] += off and any(contains(chunk, f) for f in facts)
+                counts["wrong_frame"] += any(m.group(0) not in facts for fr in frames for m in fr.finditer(memory))
     return counts
+
+
+def start_states(task: str, one: argparse.Namespace, args: argparse.Namespace) -> dict[str, int] | None:
+    """The start's own states: ``wrong_states`` of 256 training episodes it samples (temperature 1),
+    the states on-policy training begins from."""
+    home = Path(args.out) / task / "recovery" / "start-states"
+    if not (home / "states.json").is_file():
+        if args.cached_only:
+            return None
+        sample(task, lh.teacher_dir(task, one), home, SMOKE["data"] if args.smoke else 256, 7, [], one, args)
+        (home / "states.json").write_text(json.dumps(wrong_states(task, [home / "episodes.jsonl"], one)) + "\n")
+    return json.loads((home / "states.json").read_text())
 
 
 def seed_row(task: str, arm: str, seed: int, one: argparse.Namespace, args: argparse.Namespace) -> dict[str, Any] | None:
@@ -264,9 +284,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "f1_recoverable_perturbed": mean_se([r["recovery"]["f1_perturbed"] for r in mine])[0],
                     "loss": loss, "loss_se": loss_se, "loss_by_seed": [r["recovery"]["loss"] for r in mine],
                     "build_min": mean_se([sum(r["build_s"].values()) / 60 for r in mine])[0],
-                    "wrong_memory_share": sum(r["states"]["wrong_memory"] for r in mine) / calls if calls else None,
-                    "recoverable_share": (sum(r["states"]["wrong_memory_fact_in_chunk"] for r in mine) / calls
-                                          if calls else None)}
+                    **{f"{k}_share": (sum(r["states"][k] for r in mine) / calls if calls else None)
+                       for k in ("off_oracle", "off_oracle_fact_in_chunk", "wrong_frame")}}
     return out
 
 
@@ -308,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             perturbed = premise.cell(task, policy, 0, premise.PERTURBATION, one, args)
             if clean is not None and perturbed is not None:
                 references[f"{task}/{'start' if policy == 'teacher' else 'teacher'}"] = premise.paired(clean, perturbed)
+        states = start_states(task, one, args)
+        if states is not None:
+            references[f"{task}/start-states"] = states
     summary = {task: summarise([r for r in rows if r["task"] == task]) for task in args.tasks}
     updates, data, rounds = sizes(args)
     results = {"command": command(args), "tasks": {t: lh.TASKS[t] for t in args.tasks}, "num_chunks": one.train_chunks,

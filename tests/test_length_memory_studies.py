@@ -220,7 +220,8 @@ def test_on_policy_recovery_smoke_and_rerun(tmp_path):
     assert recovery.main(["--smoke", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "recovery.json").read_text())
     assert {r["arm"] for r in results["rows"]} == set(recovery.ARMS)
-    assert set(results["references"]) == {"LongQA/start", "LongQA/teacher"}
+    assert set(results["references"]) == {"LongQA/start", "LongQA/teacher", "LongQA/start-states"}
+    assert results["references"]["LongQA/start-states"]["calls"] == 8 * 4  # 8 episodes of 3 writes and an answer
     home = tmp_path / "LongQA" / "recovery"
     assert set(json.loads((home / "dagger-s0" / "build.json").read_text())) == {"sample", "relabel", "sft"}
     rounds = [len((home / "dagger-s0" / f"round-{r}" / "pooled.jsonl").read_text().splitlines()) for r in (0, 1)]
@@ -238,7 +239,8 @@ def test_on_policy_recovery_smoke_and_rerun(tmp_path):
 def test_on_policy_recovery_counts_wrong_memory_states_by_hand(tmp_path):
     """The reader oracle after a distractor at chunk 0 holds the wrong sentence in the memory of every
     call up to the chunk with the fact (that one a state to recover from), or in every later call when
-    the fact was in chunk 0: counted from the sample's fact chunk, not from the frames."""
+    the fact was in chunk 0: counted from the sample's fact chunk, not from the frames; the clean
+    oracle's states are all on the oracle's path."""
     from agents.records import load_episodes
     from memopd.eval import evaluate
 
@@ -258,8 +260,12 @@ def test_on_policy_recovery_counts_wrong_memory_states_by_hand(tmp_path):
         wrong += 6 if at == 0 else at
         recoverable += at > 0
     got = recovery.wrong_states("LongQA", [path], one)
-    assert got == {"calls": calls, "wrong_memory": wrong, "wrong_memory_fact_in_chunk": recoverable}
+    assert got == {"calls": calls, "off_oracle": wrong, "off_oracle_fact_in_chunk": recoverable, "wrong_frame": wrong}
     assert 0 < recoverable < 24
+    evaluate([*lh.env_argv("LongQA", 6), "--agent", "oracle", "--model", lh.STUDENT, "--split", "train", "--episodes",
+              "8", "--no-progress", "--out", str(tmp_path / "clean")])  # the oracle's own states: none off it
+    clean = recovery.wrong_states("LongQA", [tmp_path / "clean" / "episodes.jsonl"], one)
+    assert clean == {"calls": 56, "off_oracle": 0, "off_oracle_fact_in_chunk": 0, "wrong_frame": 0}
 
 
 def test_on_policy_recovery_verdicts_by_hand():
