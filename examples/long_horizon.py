@@ -76,7 +76,12 @@ TASKS = {  # task -> env options of training and evaluation (num_chunks aside)
     "LongQA": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "KnowledgeUpdate": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "Counting": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
+    "LongQA-distractors": {"chunk_size": 48, "memory_budget": 16, "numbering": "random", "distractor_similarity": 0.5},
 }
+ENV_OF = {"LongQA-distractors": "LongQA"}
+"""A task variant's env (its options are its entry in TASKS); any other task is its own env."""
+PART1_TASKS = ("LongQA", "KnowledgeUpdate", "Counting")
+"""This script's tasks by default (the variants serve part 2's scripts)."""
 TRAIN_CHUNKS = 6
 LENGTHS = (6, 12, 24, 48, 96, 192)
 """L to 32L chunks."""
@@ -108,9 +113,10 @@ SMOKE = {"lengths": (3, 6), "train_chunks": 3, "episodes": 4,
 
 
 def add_study_args(p: argparse.ArgumentParser, tasks: Sequence[str], policies: Sequence[str],
-                   default_policies: Sequence[str], default_seeds: str) -> None:
-    """The options this study's scripts share (this one and examples/on_policy_premise.py)."""
-    p.add_argument("--tasks", default=",".join(tasks), help=f"comma-separated tasks of {list(tasks)}")
+                   default_policies: Sequence[str], default_seeds: str,
+                   default_tasks: Sequence[str] | None = None) -> None:
+    """The options this study's scripts share (this one and the two of part 2)."""
+    p.add_argument("--tasks", default=",".join(default_tasks or tasks), help=f"comma-separated tasks of {list(tasks)}")
     p.add_argument("--policies", default=",".join(default_policies),
                    help=f"comma-separated policies of {list(policies)}")
     p.add_argument("--seeds", default=default_seeds, help="comma-separated seeds of the trained policies")
@@ -134,7 +140,7 @@ def split_study_args(p: argparse.ArgumentParser, args: argparse.Namespace, tasks
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/long_horizon.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/long-horizon", help="the study's directory (reused by a rerun)")
-    add_study_args(p, list(TASKS), POLICIES, POLICIES, "0,1,2,3,4")
+    add_study_args(p, list(TASKS), POLICIES, POLICIES, "0,1,2,3,4", PART1_TASKS)
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated evaluation lengths (chunks)")
     args = p.parse_args(argv)
     split_study_args(p, args, list(TASKS), POLICIES)
@@ -148,7 +154,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def env_argv(task: str, chunks: int) -> list[str]:
     """``--env`` and ``--env-kwarg`` flags of ``task`` at ``chunks`` chunks."""
     opts = {**TASKS[task], "num_chunks": chunks}
-    return ["--env", f"memgym/{task}-v0", *[a for k, v in opts.items() for a in ("--env-kwarg", f"{k}={v}")]]
+    return ["--env", env_id(task), *[a for k, v in opts.items() for a in ("--env-kwarg", f"{k}={v}")]]
+
+
+def env_id(task: str) -> str:
+    """The gymnasium id of ``task`` (a variant's env: ``ENV_OF``)."""
+    return f"memgym/{ENV_OF.get(task, task)}-v0"
 
 
 def episodes_at(n: int, args: argparse.Namespace) -> int:
@@ -212,7 +223,7 @@ def train_sft(task: str, policy: str, seed: int, args: argparse.Namespace) -> Pa
                       "--no-progress", "--out", str(sampled), "--overwrite"])
         episodes = str(sampled / "episodes.jsonl")
     env_kwargs = {**TASKS[task], "num_chunks": args.train_chunks}
-    run_sft(SFTConfig(env=f"memgym/{task}-v0", env_kwargs=env_kwargs, model=STUDENT, out=str(out), seed=seed + 2,
+    run_sft(SFTConfig(env=env_id(task), env_kwargs=env_kwargs, model=STUDENT, out=str(out), seed=seed + 2,
                       threads=args.threads, progress=False, episodes=episodes, num_episodes=1000, steps=steps,
                       batch_episodes=cfg.questions_per_step * cfg.group_size, lr=3e-3, warmup_steps=10,
                       checkpoint_every=25), progress=False)
@@ -323,7 +334,7 @@ def fact_distances(task: str, n: int, sample_ids: Sequence[str]) -> list[int]:
     got = _DISTANCES.setdefault((task, n), {})
     missing = [sid for sid in sample_ids if sid not in got]
     if missing:
-        env = gym.make(f"memgym/{task}-v0", **{**TASKS.get(task, {}), "num_chunks": n}, split="test")
+        env = gym.make(env_id(task), **{**TASKS.get(task, {}), "num_chunks": n}, split="test")
         source = env.unwrapped.source
         for sid in missing:
             sample = source[source.index_of(sid)]
@@ -486,7 +497,7 @@ def command(args: argparse.Namespace) -> str:
     parts = ["python examples/long_horizon.py"]
     if args.smoke:
         parts.append("--smoke")
-    for flag, value, default in (("--tasks", args.tasks, list(TASKS)), ("--policies", args.policies, list(POLICIES)),
+    for flag, value, default in (("--tasks", args.tasks, list(PART1_TASKS)), ("--policies", args.policies, list(POLICIES)),
                                  ("--seeds", args.seeds, [0, 1, 2, 3, 4]), ("--lengths", args.lengths, list(LENGTHS))):
         if value != default and not (args.smoke and flag in ("--seeds", "--lengths")):
             parts.append(f"{flag} {','.join(map(str, value))}")

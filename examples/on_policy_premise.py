@@ -66,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_horizon, beside
 
 import long_horizon as lh  # noqa: E402
 
-TASKS = ("LongQA", "KnowledgeUpdate")
+TASKS = ("LongQA", "KnowledgeUpdate", "LongQA-distractors")
+DEFAULT_TASKS = ("LongQA", "KnowledgeUpdate")
 POLICIES = ("teacher", "teacher-further", "teacher-recovering", "sft-oracle", "sft-teacher", "memopd", "ppo",
             "opd-persistent", "warm-start")
 DEFAULT_POLICIES = ("teacher", "teacher-further", "teacher-recovering", "sft-oracle")
@@ -97,7 +98,7 @@ PREMISE_GAP = 0.2
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/on_policy_premise.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/long-horizon", help="part 1's directory (its models and cells)")
-    lh.add_study_args(p, TASKS, POLICIES, DEFAULT_POLICIES, "0")
+    lh.add_study_args(p, TASKS, POLICIES, DEFAULT_POLICIES, "0", DEFAULT_TASKS)
     args = p.parse_args(argv)
     lh.split_study_args(p, args, TASKS, POLICIES)
     return args
@@ -285,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def command(args: argparse.Namespace) -> str:
     parts = ["python examples/on_policy_premise.py", *(["--smoke"] if args.smoke else [])]
-    for flag, value, default in (("--tasks", args.tasks, list(TASKS)), ("--policies", args.policies,
+    for flag, value, default in (("--tasks", args.tasks, list(DEFAULT_TASKS)), ("--policies", args.policies,
                                                                           list(DEFAULT_POLICIES)),
                                  ("--seeds", args.seeds, [0])):
         if value != default:

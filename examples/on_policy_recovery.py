@@ -9,12 +9,15 @@ Part 2's control (``examples/on_policy_premise.py``) showed on LongQA at L = 6 c
 trained by imitation of clean demonstrations does not recover from a wrong memory when the fact
 comes again, more imitation does not help, and a teacher fine-tuned on the reader oracle's
 demonstrations with distractors put in does recover. Here the training methods are compared given
-that teacher. Every arm starts from the same imitation agent and trains for the same number of
-updates; only where its training states come from, and who labels them, differs:
+such a teacher, on a task (``TASKS``; by default LongQA with distractor facts, whose control the
+premise script reads with ``--tasks LongQA-distractors``) where the student's own mistakes reach
+states to recover from. Every arm starts from the same imitation agent and trains for the same
+number of updates; only where its training states come from, and who labels them, differs:
 
-  start        the auto teacher of part 1 (SFT on clean oracle trajectories; F1 0.859, and it loses
-               0.350 where it could recover). Not part 1's student: SFT does not train that one at
-               part 1's compute (0.027, the copy plateau), so an imitation arm from it shows nothing.
+  start        the task's auto teacher (SFT on clean oracle trajectories: an imitation agent that
+               learned the clean task; on LongQA it loses 0.350 where it could recover). Not part 1's
+               student: SFT does not train that one at part 1's compute (0.027, the copy plateau), so
+               an imitation arm from it would show nothing.
   teacher      the recovering teacher (``teacher-recovering`` of the control)
   budget       ``UPDATES`` updates of ``BATCH`` episodes at the recipe's learning rate: the recovering
                teacher's own fine-tuning
@@ -64,7 +67,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's other sc
 import long_horizon as lh  # noqa: E402
 import on_policy_premise as premise  # noqa: E402
 
-TASKS = ("LongQA",)
+TASKS = ("LongQA-distractors", "LongQA")
+"""LongQA with distractor facts first (``distractor_similarity`` 0.5: facts about other people): the
+student's own mistakes there reach states to recover from. On plain LongQA they do not: the start
+sampling at temperature 1 is off the oracle's path in half its calls (it renames the person after
+reading the fact), but the fact comes once, and 2 of 1,792 calls have it in their chunk."""
 ARMS = ("sft-oracle", "sft-teacher", "dagger", "memopd")
 IMITATION = ("sft-oracle", "sft-teacher")
 ON_POLICY = ("dagger", "memopd")
@@ -81,7 +88,7 @@ MIN_SEEDS = 3
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/on_policy_recovery.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/long-horizon", help="part 1's directory (its start and teacher)")
-    lh.add_study_args(p, TASKS, ARMS, ARMS, "0,1,2,3,4")
+    lh.add_study_args(p, TASKS, ARMS, ARMS, "0,1,2,3,4", TASKS[:1])
     args = p.parse_args(argv)
     lh.split_study_args(p, args, TASKS, ARMS)
     if args.smoke:
@@ -208,7 +215,7 @@ def wrong_states(task: str, files: Sequence[Path], one: argparse.Namespace) -> d
     from agents.records import load_episodes
     from memgym.oracle import ReaderScript, contains
 
-    env = gym.make(f"memgym/{task}-v0", split="train", **{**lh.TASKS[task], "num_chunks": one.train_chunks})
+    env = gym.make(lh.env_id(task), split="train", **{**lh.TASKS[task], "num_chunks": one.train_chunks})
     source, tokenizer = env.unwrapped.source, load_tokenizer(lh.STUDENT)
     counts = {"calls": 0, "off_oracle": 0, "off_oracle_fact_in_chunk": 0, "wrong_frame": 0}
     for path in files:
@@ -343,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def command(args: argparse.Namespace) -> str:
     parts = ["python examples/on_policy_recovery.py", *(["--smoke"] if args.smoke else [])]
+    if args.tasks != list(TASKS[:1]):
+        parts.append(f"--tasks {','.join(args.tasks)}")
     if args.policies != list(ARMS):
         parts.append(f"--policies {','.join(args.policies)}")
     if args.seeds != [0, 1, 2, 3, 4]:

@@ -219,10 +219,14 @@ def test_on_policy_recovery_smoke_and_rerun(tmp_path):
     recovery = load("on_policy_recovery")
     assert recovery.main(["--smoke", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "recovery.json").read_text())
+    task = "LongQA-distractors"  # LongQA with distractor facts, by default
+    assert results["tasks"][task]["distractor_similarity"] == 0.5 and "--tasks" not in results["command"]
     assert {r["arm"] for r in results["rows"]} == set(recovery.ARMS)
-    assert set(results["references"]) == {"LongQA/start", "LongQA/teacher", "LongQA/start-states"}
-    assert results["references"]["LongQA/start-states"]["calls"] == 8 * 4  # 8 episodes of 3 writes and an answer
-    home = tmp_path / "LongQA" / "recovery"
+    assert set(results["references"]) == {f"{task}/start", f"{task}/teacher", f"{task}/start-states"}
+    assert results["references"][f"{task}/start-states"]["calls"] == 8 * 4  # 8 episodes of 3 writes and an answer
+    data = (tmp_path / task / "recovery" / "sft-oracle-s0" / "data" / "summary.json").read_text()
+    assert '"distractor_similarity": 0.5' in data  # the arms' data come from the task's env
+    home = tmp_path / task / "recovery"
     assert set(json.loads((home / "dagger-s0" / "build.json").read_text())) == {"sample", "relabel", "sft"}
     rounds = [len((home / "dagger-s0" / f"round-{r}" / "pooled.jsonl").read_text().splitlines()) for r in (0, 1)]
     assert rounds == [4, 8]  # 8 trajectories over 2 rounds, aggregated
@@ -230,7 +234,7 @@ def test_on_policy_recovery_smoke_and_rerun(tmp_path):
     assert '"relabelled_by"' in labelled
     for row in results["rows"]:
         assert row["states"]["calls"] > 0 and row["recovery"]["episodes"] + row["no_recovery"]["episodes"] > 0
-    assert results["verdicts"]["LongQA"].startswith("not tested yet")
+    assert results["verdicts"][task].startswith("not tested yet")
     stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-recovery").iterdir())]
     assert recovery.main(["--smoke", "--out", str(tmp_path), "--cached-only"]) == 0
     assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "rows-recovery").iterdir())] == stamps
