@@ -353,7 +353,8 @@ def command(args: argparse.Namespace) -> str:
     if args.tasks != list(TASKS[:1]):
         parts.append(f"--tasks {','.join(args.tasks)}")
     if args.policies != list(ARMS):
-        parts.append(f"--policies {','.join(args.policies)}")
+        names = ",".join(args.policies) or '""'  # none: the references alone
+        parts.append(f"--policies {names}")
     if args.seeds != [0, 1, 2, 3, 4]:
         parts.append(f"--seeds {','.join(map(str, args.seeds))}")
     return " ".join(parts)
