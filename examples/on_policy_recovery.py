@@ -32,8 +32,8 @@ The arms (``ARMS``):
                (``memopd.relabel``), and the student trains ``UPDATES / ROUNDS`` updates on every
                round's data so far: the student's states, the teacher's actions
   memopd       ``memopd.train`` from the start with the teacher: PPO + MemOPD, ``UPDATES`` steps of 4
-               questions x 8 samples (``BATCH`` episodes), the teacher's distribution scored in the
-               state the student acted in
+               questions x 8 samples (``BATCH`` episodes) at ``RL_LR``, the teacher's distribution
+               scored in the state the student acted in
 
 Each arm is read as the control reads a policy (``on_policy_premise.cell``): greedy, clean and with a
 distractor after the first chunk, on the same first 256 test episodes, paired per episode; recovery
@@ -76,6 +76,9 @@ ARMS = ("sft-oracle", "sft-teacher", "dagger", "memopd")
 IMITATION = ("sft-oracle", "sft-teacher")
 ON_POLICY = ("dagger", "memopd")
 UPDATES, BATCH, LR = 250, 32, 3e-3
+RL_LR = 2e-3
+"""The MemOPD arm's learning rate: memopd.train's default for a tiny-preset student (the start is a
+directory, for which its default is a pretrained model's 1e-6)."""
 DATA = 1000
 ROUNDS = 5
 SMOKE = {"updates": 2, "data": 8, "rounds": 2}
@@ -147,9 +150,11 @@ def build(task: str, arm: str, seed: int, one: argparse.Namespace, args: argpars
     if arm in IMITATION:
         states = home / "data"
         agent = ["--agent", "oracle", "--agent-kwarg", "script=reader"] if arm == "sft-oracle" else []
+        source = teacher if arm == "sft-teacher" else start  # for the oracle, only its tokenizer
         stage(log, "sample", states / "episodes.jsonl",
-              lambda: sample(task, teacher if arm == "sft-teacher" else start, states, data, 10 + seed, agent, one, args))
-        stage(log, "sft", model / "config.json", lambda: sft(start, states / "episodes.jsonl", model, updates, seed, args))
+              lambda: sample(task, source, states, data, 10 + seed, agent, one, args))
+        stage(log, "sft", model / "config.json",
+              lambda: sft(start, states / "episodes.jsonl", model, updates, seed, args))
     elif arm == "dagger":
         current = start
         for r in range(rounds):
@@ -185,7 +190,8 @@ def train_memopd(task: str, start: str, teacher: str, run: Path, seed: int, upda
         argv = ["--resume", str(run)]
     else:
         argv = [*lh.env_argv(task, one.train_chunks), "--model", start, "--teacher", teacher, "--seed", str(seed),
-                "--steps", str(updates), "--questions-per-step", str(questions), "--group-size", str(group),
+                "--steps", str(updates), "--lr", str(RL_LR), "--questions-per-step", str(questions),
+                "--group-size", str(group),
                 "--student-warmup-steps", "0", "--threads", str(args.threads), "--no-progress",
                 "--eval-every", "0", "--run-dir", str(run)]
     if train.main(argv) != 0:
@@ -249,7 +255,8 @@ def start_states(task: str, one: argparse.Namespace, args: argparse.Namespace) -
     return json.loads((home / "states.json").read_text())
 
 
-def seed_row(task: str, arm: str, seed: int, one: argparse.Namespace, args: argparse.Namespace) -> dict[str, Any] | None:
+def seed_row(task: str, arm: str, seed: int, one: argparse.Namespace,
+             args: argparse.Namespace) -> dict[str, Any] | None:
     """One arm and seed: the paired reading, its build's wall-clock and its training states."""
     def model_of() -> tuple[str, list[str]]:
         return str(build(task, arm, seed, one, args)), []

@@ -49,7 +49,8 @@ def relabel(episodes: Sequence[Episode], teacher: Backend, *, max_new_tokens: in
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m memopd.relabel", description=__doc__.splitlines()[0])
-    p.add_argument("--episodes", required=True, help="the student's episodes (JSONL, e.g. memopd.eval's episodes.jsonl)")
+    p.add_argument("--episodes", required=True,
+                   help="the student's episodes (JSONL, e.g. memopd.eval's episodes.jsonl)")
     p.add_argument("--teacher", required=True, help="the teacher: a preset name, a model directory or a hub id")
     p.add_argument("--out", required=True, help="where the relabelled episodes go (JSONL)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="the teacher's longest response (tokens)")

@@ -90,7 +90,8 @@ def test_the_cli_relabels_and_sft_trains_on_it(tmp_path, cache, student_episodes
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--episodes", "missing.jsonl", "--teacher", "tiny-teacher", "--out", "x.jsonl"], "--episodes missing.jsonl: no such file"),
+    (["--episodes", "missing.jsonl", "--teacher", "tiny-teacher", "--out", "x.jsonl"],
+     "--episodes missing.jsonl: no such file"),
     (["--episodes", "{src}", "--teacher", "no-such-model", "--out", "x.jsonl"], "no-such-model"),
     (["--episodes", "{src}", "--teacher", "tiny-teacher", "--out", "x.jsonl", "--max-new-tokens", "0"],
      "--max-new-tokens must be at least 1"),
