@@ -17,9 +17,10 @@ Arms (each from the start of examples/ppo_collapse.py, 4 questions x 8 samples a
            it drives the student to 0.000.)
 
 Seeds run in order, every arm of a seed before the next seed; each arm's results JSON
-(docs/data/rl_plateau/<arm>.json by default) is rewritten after every run, so a partial study has its
-finished runs on disk. A killed study resumes where it stopped (finished runs are kept, an unfinished
-one resumes from its last checkpoint).
+(docs/data/rl_plateau/<arm>.json by default; every step's ``KEPT`` metrics, to 6 significant digits)
+is rewritten after every run, so a partial study has its finished runs on disk. A killed study
+resumes where it stopped (finished runs are kept, an unfinished one resumes from its last
+checkpoint).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ppo_collapse, beside this file
 
@@ -40,6 +41,22 @@ ARMS = {
                       "--clip-eps-high", "0.0004"]),
     "memopd": ("2e-3", ["--opd-coef", "1", "--opd-divergence", "fkl"]),
 }
+
+
+KEPT = ("step", "reward", "entropy", "kl_to_start", "clip_frac", "step_s", "eval/f1")
+"""The per-step metrics the results JSON keeps (the curves need step_s and eval/f1; the others read a
+run's health: its reward, entropy, drift from the start and clipping)."""
+
+
+def rounded(value: Any, digits: int = 6) -> Any:
+    """``value`` with every float to ``digits`` significant digits (the tables print 3 decimals)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return value
 
 
 def build_teacher(out: Path, threads: int) -> tuple[Path, float]:
@@ -148,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = json.loads(dest.read_text())
             data.update({"arm": arm, "teacher_sft_s": cost,
                          "command": "python examples/rl_plateau.py " + " ".join(sys.argv[1:])})
-            dest.write_text(json.dumps(data, indent=1) + "\n")
+            for run in data["runs"].values():  # every step of every run, compactly (the run directories keep the rest)
+                run["rows"] = [{k: v for k, v in row.items() if k in KEPT} for row in run["rows"]]
+            dest.write_text(json.dumps(rounded(data), separators=(",", ":")) + "\n")
     return 0
 
 

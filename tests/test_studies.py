@@ -168,3 +168,15 @@ def test_baselines_arms_are_checked(capsys):
     with pytest.raises(SystemExit):
         bl.parse_args(["--study", "offpolicy", "--arms", "sft-nope"])
     assert "unknown off-policy arm" in capsys.readouterr().err
+
+
+def test_rl_plateau_keeps_its_metrics_compactly():
+    """The plateau study's results JSON: floats to 6 significant digits, by hand; the committed data
+    keeps the script's metrics for five seeds."""
+    plateau = load("rl_plateau")
+    assert plateau.rounded({"a": [0.9765625, 1234.56789], "b": 3, "c": "x"}) == {"a": [0.976562, 1234.57], "b": 3,
+                                                                                  "c": "x"}
+    data = json.loads((Path(__file__).resolve().parents[1] / "docs/data/rl_plateau/dapo.json").read_text())
+    rows = [row for run in data["runs"].values() for row in run["rows"]]
+    assert {k for row in rows for k in row} <= set(plateau.KEPT) and len(data["runs"]) == 5
+    assert sum("eval/f1" in row for row in rows) == 5 * 11  # step 0 and every 40th of 400
