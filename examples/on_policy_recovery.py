@@ -19,8 +19,9 @@ number of updates; only where its training states come from, and who labels them
                student: SFT does not train that one at part 1's compute (0.027, the copy plateau), so
                an imitation arm from it would show nothing.
   teacher      the recovering teacher (``teacher-recovering`` of the control)
-  budget       ``UPDATES`` updates of ``BATCH`` episodes at the recipe's learning rate: the recovering
-               teacher's own fine-tuning
+  budget       the recovering teacher's own fine-tuning: the auto teacher recipe's steps (250; 1000
+               with distractor facts, ``long_horizon.TEACHER_STEPS``) of ``BATCH`` episodes at its
+               learning rate
 
 The arms (``ARMS``):
 
@@ -29,9 +30,9 @@ The arms (``ARMS``):
                teacher's states and actions (sequence-level distillation)
   dagger       ``ROUNDS`` rounds: the student samples ``DATA / ROUNDS`` clean episodes (temperature 1),
                the teacher's greedy action labels every call in the student's state
-               (``memopd.relabel``), and the student trains ``UPDATES / ROUNDS`` updates on every
+               (``memopd.relabel``), and the student trains a fifth of the updates on every
                round's data so far: the student's states, the teacher's actions
-  memopd       ``memopd.train`` from the start with the teacher: PPO + MemOPD, ``UPDATES`` steps of 4
+  memopd       ``memopd.train`` from the start with the teacher: PPO + MemOPD, as many steps of 4
                questions x 8 samples (``BATCH`` episodes) at ``RL_LR``, the teacher's distribution
                scored in the state the student acted in
 
@@ -75,7 +76,7 @@ reading the fact), but the fact comes once, and 2 of 1,792 calls have it in thei
 ARMS = ("sft-oracle", "sft-teacher", "dagger", "memopd")
 IMITATION = ("sft-oracle", "sft-teacher")
 ON_POLICY = ("dagger", "memopd")
-UPDATES, BATCH, LR = 250, 32, 3e-3
+BATCH, LR = 32, 3e-3
 RL_LR = 2e-3
 """The MemOPD arm's learning rate: memopd.train's default for a tiny-preset student (the start is a
 directory, for which its default is a pretrained model's 1e-6)."""
@@ -99,9 +100,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def sizes(args: argparse.Namespace) -> tuple[int, int, int]:
-    """Updates, trajectories and DAgger rounds (the smoke's are tiny)."""
-    return (SMOKE["updates"], SMOKE["data"], SMOKE["rounds"]) if args.smoke else (UPDATES, DATA, ROUNDS)
+def sizes(task: str, one: argparse.Namespace, args: argparse.Namespace) -> tuple[int, int, int]:
+    """Updates (the auto teacher recipe's steps), trajectories and DAgger rounds (the smoke's are tiny)."""
+    from memopd.learn.models import teacher_recipe
+
+    if args.smoke:
+        return SMOKE["updates"], SMOKE["data"], SMOKE["rounds"]
+    return teacher_recipe(lh.rl_config(task, "memopd", 0, one)[1])["steps"], DATA, ROUNDS
 
 
 def stage(build: Path, name: str, done: Path, fn: Callable[[], Any]) -> None:
@@ -144,7 +149,7 @@ def build(task: str, arm: str, seed: int, one: argparse.Namespace, args: argpars
     """The arm's trained model (built when missing; every stage resumes)."""
     start = lh.teacher_dir(task, one)
     teacher = str(premise.further_teacher(task, premise.RECOVERING, args, one))
-    updates, data, rounds = sizes(args)
+    updates, data, rounds = sizes(task, one, args)
     home = Path(args.out) / task / "recovery" / f"{arm}-s{seed}"
     log, model = home / "build.json", home / "model"
     if arm in IMITATION:
@@ -345,10 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if states is not None:
             references[f"{task}/start-states"] = states
     summary = {task: summarise([r for r in rows if r["task"] == task]) for task in args.tasks}
-    updates, data, rounds = sizes(args)
+    budget = {task: dict(zip(("updates", "trajectories", "dagger_rounds"), sizes(task, one, args)))
+              for task in args.tasks}
     results = {"command": command(args), "tasks": {t: lh.TASKS[t] for t in args.tasks}, "num_chunks": one.train_chunks,
-               "perturbation": premise.PERTURBATION, "updates": updates, "batch_episodes": BATCH, "lr": LR,
-               "trajectories": data, "dagger_rounds": rounds, "margin": MARGIN, "arms": args.policies,
+               "perturbation": premise.PERTURBATION, "budget": budget, "batch_episodes": BATCH, "lr": LR,
+               "rl_lr": RL_LR, "margin": MARGIN, "arms": args.policies,
                "seeds": args.seeds, "references": references, "summary": summary,
                "verdicts": {t: verdict(s) for t, s in summary.items()}, "rows": rows}
     lh.save(results, Path(args.out) / "recovery.json", args.publish)
