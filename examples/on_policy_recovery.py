@@ -109,6 +109,11 @@ def sizes(task: str, one: argparse.Namespace, args: argparse.Namespace) -> tuple
     return teacher_recipe(lh.rl_config(task, "memopd", 0, one)[1])["steps"], DATA, ROUNDS
 
 
+def arm_home(task: str, arm: str, seed: int, args: argparse.Namespace) -> Path:
+    """Where one arm and seed keeps its data, model, run and build.json."""
+    return Path(args.out) / task / "recovery" / f"{arm}-s{seed}"
+
+
 def stage(build: Path, name: str, done: Path, fn: Callable[[], Any]) -> None:
     """Run ``fn`` unless ``done`` exists, adding its wall-clock seconds to ``build`` under ``name``."""
     if done.exists():
@@ -150,7 +155,7 @@ def build(task: str, arm: str, seed: int, one: argparse.Namespace, args: argpars
     start = lh.teacher_dir(task, one)
     teacher = str(premise.further_teacher(task, premise.RECOVERING, args, one))
     updates, data, rounds = sizes(task, one, args)
-    home = Path(args.out) / task / "recovery" / f"{arm}-s{seed}"
+    home = arm_home(task, arm, seed, args)
     log, model = home / "build.json", home / "model"
     if arm in IMITATION:
         states = home / "data"
@@ -205,7 +210,7 @@ def train_memopd(task: str, start: str, teacher: str, run: Path, seed: int, upda
 
 def training_states(task: str, arm: str, seed: int, args: argparse.Namespace) -> list[Path]:
     """The episode files whose calls are the arm's training states."""
-    home = Path(args.out) / task / "recovery" / f"{arm}-s{seed}"
+    home = arm_home(task, arm, seed, args)
     if arm in IMITATION:
         return [home / "data" / "episodes.jsonl"]
     if arm == "dagger":
@@ -270,7 +275,7 @@ def seed_row(task: str, arm: str, seed: int, one: argparse.Namespace,
     perturbed = premise.cell(task, arm, seed, premise.PERTURBATION, one, args, model_of, where="recovery")
     if clean is None or perturbed is None:
         return None
-    home = Path(args.out) / task / "recovery" / f"{arm}-s{seed}"
+    home = arm_home(task, arm, seed, args)
     states = home / "states.json"
     if not states.is_file():
         states.write_text(json.dumps(wrong_states(task, training_states(task, arm, seed, args), one)) + "\n")
