@@ -164,7 +164,8 @@ class OracleAgent(MemAgent):
 
 
 def supporting_texts(sample: Any, origin: str = "") -> list[str]:
-    """The supporting-fact sentences of a sample (``{"text": ...}`` entries or plain strings).
+    """The supporting-fact sentences of a sample (``{"text": ...}`` entries or plain strings), each
+    once in first-listed order (a task may list a fact stated twice, e.g. LongQA's ``fact_repeats``).
 
     Raises :class:`OracleDataError` naming the sample (and ``origin``, its file) when it has none."""
     where = f"sample {sample.id!r}" + (f" of {origin}" if origin else "")
@@ -175,7 +176,8 @@ def supporting_texts(sample: Any, origin: str = "") -> list[str]:
             raise OracleDataError(f"{where}: supporting_facts[{i}] = {fact!r:.80} has no sentence text, and the "
                                   "oracle writes its memory from the sentences; give each supporting fact as a "
                                   "string or a {\"text\": ...} object")
-        out.append(text.strip())
+        if text.strip() not in out:
+            out.append(text.strip())
     if not out:
         raise OracleDataError(f"{where} has no supporting_facts, and the oracle writes its memory from them; add "
                               "\"supporting_facts\": [\"<sentence>\", ...] to the sample")

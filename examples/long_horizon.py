@@ -77,8 +77,9 @@ TASKS = {  # task -> env options of training and evaluation (num_chunks aside)
     "KnowledgeUpdate": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "Counting": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "LongQA-distractors": {"chunk_size": 48, "memory_budget": 16, "numbering": "random", "distractor_similarity": 0.5},
+    "LongQA-twice": {"chunk_size": 48, "memory_budget": 16, "numbering": "random", "fact_repeats": 2},
 }
-ENV_OF = {"LongQA-distractors": "LongQA"}
+ENV_OF = {"LongQA-distractors": "LongQA", "LongQA-twice": "LongQA"}
 """A task variant's env (its options are its entry in TASKS); any other task is its own env."""
 TEACHER_STEPS = {"LongQA-distractors": 1000}
 """The auto teacher's SFT steps where the recipe's 250 leave it short of the task: with distractor

@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_horizon, beside
 
 import long_horizon as lh  # noqa: E402
 
-TASKS = ("LongQA", "KnowledgeUpdate", "LongQA-distractors")
+TASKS = ("LongQA", "KnowledgeUpdate", "LongQA-distractors", "LongQA-twice")
 DEFAULT_TASKS = ("LongQA", "KnowledgeUpdate")
 POLICIES = ("teacher", "teacher-further", "teacher-recovering", "sft-oracle", "sft-teacher", "memopd", "ppo",
             "opd-persistent", "warm-start")

@@ -111,6 +111,41 @@ def test_distractor_similarity_controls_fact_like_distractors():
     assert not any(x.startswith("the ") for x in facts_only)
 
 
+@pytest.mark.parametrize("kwargs", [{"num_chunks": 6}, {"hops": 2, "num_chunks": 6}, {"hops": 2, "num_chunks": 2},
+                                    {"hops": 3, "fact_order": "random", "distractor_similarity": 1.0}])
+def test_fact_repeats_states_each_fact_again_in_another_chunk_and_keeps_the_first_statements(kwargs):
+    once, twice = make_source("train", 3, **kwargs), make_source("train", 3, fact_repeats=2, **kwargs)
+    cfg = twice.config
+    for i in range(40):
+        a, b = once[i], twice[i]
+        assert (a.question, a.answers) == (b.question, b.answers)
+        assert b.supporting_facts[:cfg.hops] == a.supporting_facts  # the first statements: the default sample's
+        chunks = [c.text for c in iter_chunks(b.documents, cfg.chunk_size)]
+        assert len(chunks) == cfg.num_chunks
+        text = " ".join(chunks)
+        for hop in range(cfg.hops):
+            stated = [f for f in b.supporting_facts if f["hop"] == hop]
+            assert len(stated) == 2 and stated[0]["text"] == stated[1]["text"]
+            sentence = re.compile(r"(?<!\w)" + re.escape(stated[0]["text"]))
+            assert len(sentence.findall(text)) == 2  # stated twice in the whole input
+            assert all(sentence.search(chunks[f["chunk"]]) for f in stated)
+            if cfg.fact_order == "causal" and hop > 0:  # no statement of a hop before the previous hop's first
+                first_prev = text.index(next(f["text"] for f in b.supporting_facts if f["hop"] == hop - 1))
+                assert all(m.start() > first_prev for m in sentence.finditer(text))
+        assert all(len({f["chunk"] for f in b.supporting_facts if f["hop"] == h}) == 2
+                   for h in range(cfg.hops) if cfg.fact_order == "random" or h == 0)
+    with pytest.raises(ValueError, match="fact_repeats"):
+        make_source("train", 0, fact_repeats=0)
+
+
+def test_the_oracle_keeps_a_fact_stated_twice_once():
+    from agents.oracle import supporting_texts
+
+    sample = make_source("train", 0, fact_repeats=3, num_chunks=4)[0]
+    assert len(sample.supporting_facts) == 3
+    assert supporting_texts(sample) == [sample.supporting_facts[0]["text"]]
+
+
 def test_natural_style_writes_english():
     s = make_source("train", 0, hops=2, fact_style="natural")[0]
     assert s.question.startswith("In which city") and s.question.endswith("?")

@@ -105,6 +105,11 @@ class LongQAConfig:
     episode whose answer is decided early, with a long tail of turns that only carry the memory."""
     fact_style: str = "compact"
     """"compact": `alice acme .` (subject and object adjacent, lowercase); "natural": English."""
+    fact_repeats: int = 1
+    """Times each chain fact is stated, in different chunks where there are enough (2: the fact
+    comes again, so an agent that missed or lost it can still recover it; ``supporting_facts`` lists
+    every statement). Under the causal order a repeat of hop h+1 never comes before hop h's first
+    statement. Repeats are drawn after everything else, so ``fact_repeats=1`` samples are unchanged."""
     sentences_per_document: tuple[int, int] = (2, 3)
     """Inclusive range of sentences per document."""
     num_samples: int | None = None
@@ -129,6 +134,8 @@ class LongQAConfig:
                    self.fact_window, f"an int in 1..num_chunks ({self.num_chunks}) or None")
         _check(self.fact_order in FACT_ORDERS, "fact_order", self.fact_order, f"one of {FACT_ORDERS}")
         _check(self.fact_style in FACT_STYLES, "fact_style", self.fact_style, f"one of {FACT_STYLES}")
+        _check(isinstance(self.fact_repeats, int) and not isinstance(self.fact_repeats, bool)
+               and 1 <= self.fact_repeats <= 8, "fact_repeats", self.fact_repeats, "an int in 1..8")
         lo_hi = self.sentences_per_document
         _check(isinstance(lo_hi, tuple) and len(lo_hi) == 2 and 1 <= lo_hi[0] <= lo_hi[1] <= 8,
                "sentences_per_document", lo_hi, "a pair (lo, hi) with 1 <= lo <= hi <= 8")
@@ -245,6 +252,7 @@ class LongQASource:
             facts.append(_Fact(chunk=c, slot=rng.randrange(per_chunk), order=order, text=text, hop=h))
         if cfg.fact_order == "causal":  # within a chunk, a later hop never sits in an earlier slot
             facts = _causal_slots(facts)
+        facts += _repeats(cfg, rng, facts, per_chunk)
         answer = chain[-1] if cfg.fact_style == "compact" else chain[-1].capitalize()
         sample_id = f"{self._prefix}{index}"
         return Sample(
@@ -255,8 +263,31 @@ class LongQASource:
             supporting_facts=[{"hop": f.hop, "chunk": f.chunk, "text": f.text} for f in facts],
             metadata={"task": "LongQA", "hops": cfg.hops, "chain": chain, "fact_order": cfg.fact_order,
                       "fact_style": cfg.fact_style, "distractor_similarity": cfg.distractor_similarity,
+                      "fact_repeats": cfg.fact_repeats,
                       "num_chunks": cfg.num_chunks, "chunk_size": cfg.chunk_size, "unit": cfg.counter.unit},
         )
+
+
+def _repeats(cfg: LongQAConfig, rng: random.Random, firsts: list[_Fact], per_chunk: int) -> list[_Fact]:
+    """The further statements of each chain fact (``fact_repeats - 1`` each): in chunks that do not
+    hold it yet where there are any, and under the causal order never before the previous hop's first
+    statement, placed after it in its chunk (so reading order keeps hop h before hop h + 1)."""
+    out: list[_Fact] = []
+    span = cfg.fact_window or cfg.num_chunks
+    for f in firsts:
+        used = {f.chunk}
+        causal = cfg.fact_order == "causal" and f.hop > 0
+        lo = firsts[f.hop - 1].chunk if causal else 0
+        for _ in range(cfg.fact_repeats - 1):
+            free = [c for c in range(lo, span) if c not in used] or list(range(lo, span))
+            chunk = rng.choice(free)
+            used.add(chunk)
+            slot = rng.randrange(per_chunk)
+            if causal and chunk == lo:
+                slot = max(slot, firsts[f.hop - 1].slot)
+            order = f.order if cfg.fact_order == "causal" else rng.random()
+            out.append(_Fact(chunk=chunk, slot=slot, order=order, text=f.text, hop=f.hop))
+    return out
 
 
 def _causal_slots(facts: list[_Fact]) -> list[_Fact]:
