@@ -285,3 +285,33 @@ def test_on_policy_recovery_verdicts_by_hand():
     assert said.startswith("does not hold: dagger against sft-oracle +0.100 ± 0.028, sft-teacher +0.050")
     assert recovery.verdict({**base, "memopd": arm(-0.05, 0.02, seeds=2)}).startswith("not tested yet")
     assert recovery.verdict(base).startswith("not tested yet")
+
+
+@pytest.mark.slow
+def test_smollm2_at_length_smoke_distances_and_rerun(tmp_path):
+    """Part 4: the students trained once, every policy read at each length; the chunks read after the
+    fact found again by replaying the env in the model's tokens; a rerun recomputes nothing."""
+    import gymnasium as gym
+
+    from agents.models import load_tokenizer
+
+    part4 = load("smollm2_at_length")
+    assert part4.main(["--smoke", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "at-length" / "results.json").read_text())
+    assert {(r["policy"], r["num_chunks"]) for r in results["rows"]} == {
+        (p, n) for p in part4.POLICIES for n in part4.SMOKE["lengths"]}
+    assert (tmp_path / "export" / "student" / "config.json").is_file() and (tmp_path / "fullcontext").is_dir()
+    row = next(r for r in results["rows"] if r["policy"] == "memopd" and r["num_chunks"] == 3)
+    env = gym.make(part4.sm.ENV, split="test", tokenizer=load_tokenizer("tiny"), **part4.env_kwargs(3))
+    for sample_id, distance in zip(row["sample_ids"], row["distances"]):
+        index = env.unwrapped.source.index_of(sample_id)
+        obs, info = env.reset(options={"index": index})
+        fact = env.unwrapped.source[index].supporting_facts[0]["text"]
+        seen = []
+        while info["phase"] == "memory":
+            seen.append(fact in info["chunk"])
+            obs, _, _, _, info = env.step("")
+        assert distance == len(seen) - 1 - seen.index(True)
+    stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "at-length" / "rows").iterdir())]
+    assert part4.main(["--smoke", "--out", str(tmp_path), "--cached-only"]) == 0
+    assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "at-length" / "rows").iterdir())] == stamps
