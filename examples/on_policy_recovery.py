@@ -9,8 +9,8 @@ Part 2's control (``examples/on_policy_premise.py``) showed on LongQA at L = 6 c
 trained by imitation of clean demonstrations does not recover from a wrong memory when the fact
 comes again, more imitation does not help, and a teacher fine-tuned on the reader oracle's
 demonstrations with distractors put in does recover. Here the training methods are compared given
-such a teacher, on a task (``TASKS``; by default LongQA with distractor facts, whose control the
-premise script reads with ``--tasks LongQA-distractors``) where the student's own mistakes reach
+such a teacher, on a task (``TASKS``; by default LongQA with each fact stated twice, whose control
+the premise script reads with ``--tasks LongQA-twice``) where the student's own mistakes reach
 states to recover from. Every arm starts from the same imitation agent and trains for the same
 number of updates; only where its training states come from, and who labels them, differs:
 
@@ -68,11 +68,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's other sc
 import long_horizon as lh  # noqa: E402
 import on_policy_premise as premise  # noqa: E402
 
-TASKS = ("LongQA-distractors", "LongQA")
-"""LongQA with distractor facts first (``distractor_similarity`` 0.5: facts about other people): the
-student's own mistakes there reach states to recover from. On plain LongQA they do not: the start
-sampling at temperature 1 is off the oracle's path in half its calls (it renames the person after
-reading the fact), but the fact comes once, and 2 of 1,792 calls have it in their chunk."""
+TASKS = ("LongQA-twice", "LongQA-distractors", "LongQA")
+"""LongQA with each fact stated twice first (``fact_repeats`` 2, in different chunks): a student that
+wrote a wrong memory after the first statement reads the fact again, a state to recover from. On
+plain LongQA there is none: the start sampling at temperature 1 is off the oracle's path in half its
+calls (it renames the person after reading the fact), but the fact comes once, and 2 of 1,792 calls
+have it in their chunk. With distractor facts (``distractor_similarity`` 0.5) the auto teacher does
+not learn the clean task (0.066 after 1,000 SFT steps), so no start and no teacher are there."""
 ARMS = ("sft-oracle", "sft-teacher", "dagger", "memopd")
 IMITATION = ("sft-oracle", "sft-teacher")
 ON_POLICY = ("dagger", "memopd")

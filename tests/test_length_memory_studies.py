@@ -219,13 +219,13 @@ def test_on_policy_recovery_smoke_and_rerun(tmp_path):
     recovery = load("on_policy_recovery")
     assert recovery.main(["--smoke", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "recovery.json").read_text())
-    task = "LongQA-distractors"  # LongQA with distractor facts, by default
-    assert results["tasks"][task]["distractor_similarity"] == 0.5 and "--tasks" not in results["command"]
+    task = "LongQA-twice"  # LongQA with each fact stated twice, by default
+    assert results["tasks"][task]["fact_repeats"] == 2 and "--tasks" not in results["command"]
     assert {r["arm"] for r in results["rows"]} == set(recovery.ARMS)
     assert set(results["references"]) == {f"{task}/start", f"{task}/teacher", f"{task}/start-states"}
     assert results["references"][f"{task}/start-states"]["calls"] == 8 * 4  # 8 episodes of 3 writes and an answer
     data = (tmp_path / task / "recovery" / "sft-oracle-s0" / "data" / "summary.json").read_text()
-    assert '"distractor_similarity": 0.5' in data  # the arms' data come from the task's env
+    assert '"fact_repeats": 2' in data  # the arms' data come from the task's env
     home = tmp_path / task / "recovery"
     assert set(json.loads((home / "dagger-s0" / "build.json").read_text())) == {"sample", "relabel", "sft"}
     rounds = [len((home / "dagger-s0" / f"round-{r}" / "pooled.jsonl").read_text().splitlines()) for r in (0, 1)]
