@@ -315,3 +315,45 @@ def test_smollm2_at_length_smoke_distances_and_rerun(tmp_path):
     stamps = [p.stat().st_mtime_ns for p in sorted((tmp_path / "at-length" / "rows").iterdir())]
     assert part4.main(["--smoke", "--out", str(tmp_path), "--cached-only"]) == 0
     assert [p.stat().st_mtime_ns for p in sorted((tmp_path / "at-length" / "rows").iterdir())] == stamps
+
+
+@pytest.mark.slow
+def test_aligned_vs_persistent_smoke_and_rerun(tmp_path):
+    """Part 3: teachers built by the recipe with their seeds and shapes, both contexts trained at each
+    length, every teacher's shift on the warm start's states; a rerun recomputes nothing."""
+    avp = load("aligned_vs_persistent")
+    assert avp.main(["--smoke", "--out", str(tmp_path)]) == 0
+    home = tmp_path / "LongQA" / "aligned-vs-persistent"
+    results = json.loads((home / "results.json").read_text())
+    assert {(r["teacher"], r["context"], r["num_chunks"]) for r in results["runs"]} == {
+        (t, c, n) for t in avp.SMOKE["teachers"] for c in avp.CONTEXTS for n in avp.SMOKE["lengths"]}
+    assert json.loads((home / "teachers" / "small" / "sft_config.json").read_text())["model"] == "tiny-digits"
+    config = (home / "runs" / "t1-persistent-4-s0" / "config.toml").read_text()
+    assert 'teacher_context = "persistent"' in config and "num_chunks = 4" in config
+    for s in results["shifts"]:  # no history before the first call: the two contexts agree there
+        assert s["turns"][0]["turn"] == 0 and abs(s["turns"][0]["mean"]) < 1e-5 and s["kl"] > 0
+    stamps = [p.stat().st_mtime_ns for p in sorted((home / "rows").iterdir())]
+    assert avp.main(["--smoke", "--out", str(tmp_path), "--cached-only"]) == 0
+    assert [p.stat().st_mtime_ns for p in sorted((home / "rows").iterdir())] == stamps
+
+
+def test_aligned_vs_persistent_gaps_and_verdicts_by_hand():
+    import statistics
+
+    avp = load("aligned_vs_persistent")
+    f1 = {("a", "aligned"): [0.8, 0.6], ("a", "persistent"): [0.5, 0.5], ("b", "aligned"): [0.4, 0.4],
+          ("b", "persistent"): [0.5, 0.5], ("c", "aligned"): [0.9, 0.7], ("c", "persistent"): [0.6, 0.6]}
+    runs = [{"teacher": t, "context": c, "num_chunks": 6, "seed": s, "f1": x}
+            for (t, c), xs in f1.items() for s, x in enumerate(xs)]
+    shifts = [{"teacher": t, "num_chunks": 6, "kl": k} for t, k in (("a", 0.3), ("b", 0.1), ("c", 0.5))]
+    got = avp.summarise(runs, shifts, {"a": 0.9, "b": 0.8, "c": 0.95})["lengths"]["6"]
+    gaps = [0.7 - 0.5, 0.4 - 0.5, 0.8 - 0.6]
+    assert [got["teachers"][t]["gap"] for t in "abc"] == pytest.approx(gaps)
+    assert got["mean_gap"] == pytest.approx(statistics.mean(gaps))
+    assert got["sd_gap"] == pytest.approx(statistics.stdev(gaps)) and got["positive"] == 2
+    # one gap negative, and the mean (0.1) within two standard errors over teachers (2 x 0.1)
+    assert got["verdict"].startswith("does not hold")
+    assert avp.verdict([0.1, 0.2, 0.05], None).startswith("holds")
+    assert avp.verdict([0.3, -0.01, 0.3, 0.3], statistics.stdev([0.3, -0.01, 0.3, 0.3]) / 2).startswith("holds")
+    assert avp.verdict([0.1, 0.2], 0.01).startswith("not tested yet")
+    assert avp.pearson([0.3, 0.1, 0.5], gaps) == pytest.approx(statistics.correlation([0.3, 0.1, 0.5], gaps))
