@@ -68,10 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--teachers", default=",".join(TEACHERS), help=f"comma-separated teachers of {list(TEACHERS)}")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated training lengths (chunks)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
-    p.add_argument("--cached-only", action="store_true", help="compute nothing: results from the finished cells")
-    p.add_argument("--publish", default=None, help="copy the results JSON to this file")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: the pipeline, not the result")
+    lh.add_run_args(p)
     args = p.parse_args(argv)
     args.teachers = [t for t in args.teachers.split(",") if t]
     if any(t not in TEACHERS for t in args.teachers):

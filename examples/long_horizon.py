@@ -124,10 +124,15 @@ def add_study_args(p: argparse.ArgumentParser, tasks: Sequence[str], policies: S
     p.add_argument("--policies", default=",".join(default_policies),
                    help=f"comma-separated policies of {list(policies)}")
     p.add_argument("--seeds", default=default_seeds, help="comma-separated seeds of the trained policies")
+    add_run_args(p)
+
+
+def add_run_args(p: argparse.ArgumentParser, smoke: str = "tiny sizes: the pipeline, not the result") -> None:
+    """The options of every script of this study: threads, cached cells only, publish, smoke."""
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     p.add_argument("--cached-only", action="store_true", help="compute nothing: results from the finished cells")
     p.add_argument("--publish", default=None, help="copy the results JSON to this file")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: the pipeline, not the result")
+    p.add_argument("--smoke", action="store_true", help=smoke)
 
 
 def split_study_args(p: argparse.ArgumentParser, args: argparse.Namespace, tasks: Sequence[str],

@@ -62,10 +62,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated policies of {list(POLICIES)}")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated lengths in chunks (the "
                    "first is L)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
-    p.add_argument("--cached-only", action="store_true", help="compute nothing: results from the finished cells")
-    p.add_argument("--publish", default=None, help="copy the results JSON to this file")
-    p.add_argument("--smoke", action="store_true", help="tiny models and sizes: the pipeline, not the result")
+    lh.add_run_args(p, "tiny models and sizes: the pipeline, not the result")
     args = p.parse_args(argv)
     args.policies = [x for x in args.policies.split(",") if x]
     if any(x not in POLICIES for x in args.policies):
