@@ -49,8 +49,11 @@ opd-persistent, warm-start), trained by it when missing, in the same --out. Cell
 rows-premise/ (one file per task, policy, seed and reading; a rerun recomputes nothing), the
 evaluations in eval-premise/, the recovering teacher in <task>/teacher-recovering/.
 
-Not yet in this script: part 2's comparison (its DAgger-style SFT needs the teacher's actions in
-the student's states), 5 seeds, LongQA with distractor facts (``distractor_similarity``).
+Task variants (``--tasks``, ``long_horizon.TASKS``): ``LongQA-twice`` states each fact twice, in two
+chunks (``fact_repeats=2``), so the fact is read again after the perturbation in every episode: the
+setting of part 2's comparison (``examples/on_policy_recovery.py``); ``LongQA-distractors`` adds
+distractor facts about other people (its auto teacher does not learn the clean task). Not in this
+script: more than one build of each teacher.
 """
 
 from __future__ import annotations
