@@ -189,7 +189,7 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
             bins.setdefault(0 if d == 0 else 1 << (d.bit_length() - 1), []).append(f)
         table = {str(lo): {"f1": sum(v) / len(v), "episodes": len(v)} for lo, v in sorted(bins.items())}
         out[policy] = {"by_length": at, **lh.drop_lower_bound(cells, short, long), "by_distance": table,
-                       "retention": lh.retention(points)}
+                       "retention": lh.retention(points) if len(cells) > 1 else {}}  # one length: too few distances
     return {TASK: out} if out else {}
 
 
