@@ -92,6 +92,11 @@ def long_horizon(d: Data, path: Path) -> None:
     script("long_horizon").plot(d("long_horizon/results.json")["summary"], path)
 
 
+@figure("smollm2_at_length.png")
+def smollm2_at_length(d: Data, path: Path) -> None:
+    script("long_horizon").plot(d("smollm2_at_length/results.json")["summary"], path)
+
+
 @figure("rl_plateau_curves.png")
 def rl_plateau(d: Data, path: Path) -> None:
     from doctables.rl_plateau import arm_results

@@ -5,13 +5,23 @@ from __future__ import annotations
 from doctables.core import Data, f, md, table
 
 STUDY = "long_horizon/results.json"
+SMOLLM2 = "smollm2_at_length/results.json"
 
 
 @table("long_horizon.length")
 def length(d: Data) -> str:
     """F1 against input length per task and policy (mean over the seeds run, ± sd where more than
     one), and the drop from the shortest to the longest length with its bootstrap lower bound."""
-    res = d(STUDY)
+    return _by_length(d(STUDY))
+
+
+@table("long_horizon.smollm2")
+def smollm2(d: Data) -> str:
+    """Part 4 (examples/smollm2_at_length.py): SmolLM2's policies, as part 1's table."""
+    return _by_length(d(SMOLLM2))
+
+
+def _by_length(res: dict) -> str:
     lengths = [str(n) for n in res["lengths"]]
     rows = []
     for task, policies in res["summary"].items():
