@@ -384,6 +384,12 @@ def by_distance(cells: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]
     for r in cells:
         ids = r.get("sample_ids") or [f"{r['task'].lower()}-test-0-{i}" for i in range(len(r["f1"]))]
         points += list(zip(fact_distances(r["task"], r["num_chunks"], ids), r["f1"]))
+    return distance_table(points)
+
+
+def distance_table(points: list[tuple[int, float]]) -> tuple[dict[str, dict[str, float]], dict[str, float | None]]:
+    """(distance, F1) points binned by the chunks read after the fact (0, 1, 2-3, 4-7, ...), and the
+    retention fit over them."""
     bins: dict[int, list[float]] = {}
     for d, f in points:
         bins.setdefault(0 if d == 0 else 1 << (d.bit_length() - 1), []).append(f)

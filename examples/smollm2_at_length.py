@@ -183,13 +183,9 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
             continue
         at = {str(r["num_chunks"]): {"f1": r["mean_f1"], "sd": 0.0, "seeds": 1, "episodes": len(r["f1"])}
               for r in sorted(cells, key=lambda r: r["num_chunks"])}
-        points = [(d, f) for r in cells for d, f in zip(r["distances"], r["f1"])]
-        bins: dict[int, list[float]] = {}
-        for d, f in points:
-            bins.setdefault(0 if d == 0 else 1 << (d.bit_length() - 1), []).append(f)
-        table = {str(lo): {"f1": sum(v) / len(v), "episodes": len(v)} for lo, v in sorted(bins.items())}
+        table, fitted = lh.distance_table([(d, f) for r in cells for d, f in zip(r["distances"], r["f1"])])
         out[policy] = {"by_length": at, **lh.drop_lower_bound(cells, short, long), "by_distance": table,
-                       "retention": lh.retention(points) if len(cells) > 1 else {}}  # one length: too few distances
+                       "retention": fitted if len(cells) > 1 else {}}  # one length: too few distances
     return {TASK: out} if out else {}
 
 
