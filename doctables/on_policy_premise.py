@@ -65,6 +65,8 @@ def comparison(d: Data) -> str:
                       f"({got['loss']:+.3f}{loss_se}; {each})")
             rows.append([task, arm, got["seeds"], f(got["f1_clean"]) + se, change, f"{got['build_min']:.0f}",
                          *[_share(got[f"{k}_share"]) for k in ("off_oracle", "off_oracle_fact_in_chunk", "wrong_frame")]])
-    return md(["task", "arm", "seeds", "F1 clean", f"fact read again: clean → `{res['perturbation']}` (change; per seed)",
+    return md(["task", "arm", "seeds", "F1 clean (± se over seeds)",
+               f"fact read again: clean → `{res['perturbation']}` (change ± se over seeds, per seed; a reference: ± se "
+               "over episodes, episodes)",
                "build (min)", "training calls off the oracle's path", "… with the fact in the chunk",
                "… with a wrong fact for the asked person"], rows)
