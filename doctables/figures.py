@@ -92,6 +92,11 @@ def long_horizon(d: Data, path: Path) -> None:
     script("long_horizon").plot(d("long_horizon/results.json")["summary"], path)
 
 
+@figure("on_policy_recovery.png")
+def on_policy_recovery(d: Data, path: Path) -> None:
+    script("on_policy_recovery").plot(d("on_policy_recovery/results.json"), path)
+
+
 @figure("smollm2_at_length.png")
 def smollm2_at_length(d: Data, path: Path) -> None:
     script("long_horizon").plot(d("smollm2_at_length/results.json")["summary"], path)

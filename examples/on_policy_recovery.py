@@ -371,6 +371,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def plot(results: dict[str, Any], path: Path) -> None:
+    """A panel per task with arms: F1 clean and with the distractor where the fact comes again, per
+    arm (mean ± se over seeds, each seed a dot), the start and the teacher as references (their
+    recoverable episodes, ± se over episodes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t, s in results["summary"].items() if s]
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(6.5 * max(1, len(tasks)), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        refs = {name: results["references"].get(f"{task}/{name}") for name in ("start", "teacher")}
+        names = [f"({n})" for n in ("start",) if refs["start"]] + list(results["summary"][task]) \
+            + [f"({n})" for n in ("teacher",) if refs["teacher"]]
+        for x, name in enumerate(names):
+            ref = refs.get(name.strip("()"))
+            if ref is not None:
+                points = {"clean": ([ref["recovery"]["f1_clean"]], None),
+                          "perturbed": ([ref["recovery"]["f1_perturbed"]], None)}
+            else:
+                mine = [r for r in results["rows"] if r["task"] == task and r["arm"] == name]
+                points = {k: ([r["recovery"][f"f1_{k}"] for r in mine],
+                              mean_se([r["recovery"][f"f1_{k}"] for r in mine])[1]) for k in ("clean", "perturbed")}
+            for k, dx, colour in (("clean", -0.12, "tab:blue"), ("perturbed", 0.12, "tab:red")):
+                ys, err = points[k]
+                ax.errorbar([x + dx], [sum(ys) / len(ys)], yerr=[err or 0], fmt="o", color=colour, capsize=4,
+                            label=(f"F1 {'clean' if k == 'clean' else results['perturbation']}, fact read again"
+                                   if x == 0 else None))
+                if len(ys) > 1:
+                    ax.scatter([x + dx + 0.06] * len(ys), ys, s=8, color=colour, alpha=0.5)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylim(-0.02, 1.05)
+        ax.set_ylabel("held-out F1 (recoverable episodes)")
+        ax.set_title(f"{task}: {results['num_chunks']} chunks, {results['budget'][task]['updates']} updates an arm")
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def command(args: argparse.Namespace) -> str:
     parts = ["python examples/on_policy_recovery.py", *(["--smoke"] if args.smoke else [])]
     if args.tasks != list(TASKS[:1]):
