@@ -236,6 +236,51 @@ def verdict(gaps: Sequence[float], se: float | None) -> str:
     return f"does not hold: mean gap {mu:+.3f} over {len(gaps)} teachers, {sum(g > 0 for g in gaps)} positive"
 
 
+def plot(results: dict[str, Any], path: Path) -> None:
+    """F1 against training length (log axis) under each context, the mean over teachers with a ±sd
+    band between teachers and each teacher's F1 as a dot (left); each teacher's gap against its
+    shift KL(aligned || persistent), a marker per length (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    lengths = results["summary"]["lengths"]
+    xs = sorted(int(n) for n in lengths)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for context, colour in zip(CONTEXTS, ("tab:blue", "tab:red")):
+        per = [[t[f"f1_{context}"] for t in lengths[str(n)]["teachers"].values()] for n in xs]
+        mu = [mean_sd(v)[0] for v in per]
+        sd = [mean_sd(v)[1] or 0.0 for v in per]
+        left.plot(xs, mu, marker="o", color=colour, label=f"{context} (mean over teachers)")
+        left.fill_between(xs, [m - s for m, s in zip(mu, sd)], [m + s for m, s in zip(mu, sd)], color=colour, alpha=0.15)
+        for n, v in zip(xs, per):
+            left.scatter([n] * len(v), v, s=10, color=colour, alpha=0.5)
+    left.set_xscale("log", base=2)
+    left.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    left.set_xticks(xs)
+    left.set_ylim(-0.02, 1.02)
+    left.set_xlabel("training length (chunks)")
+    left.set_ylabel("held-out F1 at the training length")
+    left.set_title(f"{results['task']}: PPO + OPD, teacher scored aligned or persistent")
+    left.legend(fontsize=7)
+    for n, marker in zip(xs, "osD^v"):
+        teachers = lengths[str(n)]["teachers"]
+        got = [(t["shift_kl"], t["gap"], name) for name, t in teachers.items() if t["shift_kl"] is not None]
+        right.scatter([g[0] for g in got], [g[1] for g in got], marker=marker, label=f"{n} chunks")
+        for kl, gap, name in got:
+            right.annotate(name, (kl, gap), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    right.axhline(0, color="grey", lw=0.8)
+    right.set_xlabel("teacher shift KL(aligned || persistent) on the warm start's states (nats)")
+    right.set_ylabel("gap F1(aligned) - F1(persistent)")
+    right.set_title("each teacher's gap against its shift")
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def command(args: argparse.Namespace) -> str:
     parts = ["python examples/aligned_vs_persistent.py", *(["--smoke"] if args.smoke else [])]
     if not args.smoke:
