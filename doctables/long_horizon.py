@@ -23,18 +23,25 @@ def smollm2(d: Data) -> str:
 
 def _by_length(res: dict) -> str:
     lengths = [str(n) for n in res["lengths"]]
+    far = str(res.get("far") or "")
+    read_far = far and any(far in got["by_length"] for policies in res["summary"].values() for got in policies.values())
+    columns = [*lengths, *([far] if read_far else [])]
     rows = []
     for task, policies in res["summary"].items():
         for policy, got in policies.items():
             cells = []
-            for n in lengths:
+            for n in columns:
                 c = got["by_length"].get(n)
                 cells.append("–" if c is None else f(c["f1"]) + (f" ± {f(c['sd'])}" if c["seeds"] > 1 else ""))
             seeds = max(c["seeds"] for c in got["by_length"].values())
             drop = f"{got['drop']:+.3f} (≥ {got['lower_95']:+.3f})" if "drop" in got else "–"
-            rows.append([task, policy, seeds, *cells, drop, retained(got.get("retention") or {})])
-    return md(["task", "policy", "seeds", *[f"F1 @ {n} chunks" for n in lengths],
-               f"F1({lengths[-1]}) − F1({lengths[0]}) (95% lower bound)", "retention r a chunk (half-life)"], rows)
+            far_drop = [f"{got['far_drop']:+.3f} (≥ {got['far_lower_95']:+.3f})" if "far_drop" in got else "–"]
+            rows.append([task, policy, seeds, *cells, drop, *(far_drop if read_far else []),
+                         retained(got.get("retention") or {})])
+    far_header = [f"F1({far}) − F1({lengths[0]}) (95% lower bound)"] if read_far else []
+    return md(["task", "policy", "seeds", *[f"F1 @ {int(n):,} chunks" for n in columns],
+               f"F1({lengths[-1]}) − F1({lengths[0]}) (95% lower bound)", *far_header,
+               "retention r a chunk (half-life)"], rows)
 
 
 def retained(fit: dict) -> str:

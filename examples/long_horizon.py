@@ -49,9 +49,13 @@ pools every length's episodes of a policy, in bins of powers of two, with a per-
 ``r`` fitted to it (``retention``: least squares of F1 = a * r**d; a memory that keeps the fact through
 each later call with probability r).
 
+Past the ladder, the memory policies (``FAR_POLICIES``) are read at ``FAR`` = 1,000 chunks (about
+48,000 tokens of input, 167 times L) on ``FAR_EPISODES`` test episodes (``--far``; 0 skips it), with
+the drop F1(1,000) - F1(L) beside the claim's; the claim itself stays at 32L.
+
 Not yet in this script (the issue's other policies and parts): the full-context agent trained at
 32L (its ceiling: 9,000-token prompts, about 30 times a step at L), a second teacher and warm-start
-build, 1,000 chunks for the best policy.
+build.
 
 Everything lands in --out (default runs/long-horizon): teacher/<task>/ (the auto teacher's
 evaluation), <task>/<policy>-s<seed>/ (runs and SFT models; a killed run is resumed), eval/ (one
@@ -90,6 +94,9 @@ TRAIN_CHUNKS = 6
 LENGTHS = (6, 12, 24, 48, 96, 192)
 """L to 32L chunks."""
 EPISODES_ENDS, EPISODES_BETWEEN = 256, 128
+FAR, FAR_EPISODES = 1000, 128
+FAR_POLICIES = ("memopd", "teacher")
+"""The policies read at ``FAR`` chunks: the claim's student and the best memory agent (the teacher)."""
 STUDENT = "tiny-digits"
 RL_STEPS = 300
 """Steps of every RL policy (the task's default is 80: at 80 the first MemOPD student was still rising,
@@ -111,7 +118,7 @@ CONTRAST = -0.3
 """The required contrast: a policy that can fall drops by at least this much."""
 CONTRAST_POLICIES = ("warm-start", "fullcontext")
 """The policies that must fall where the claim is tested."""
-SMOKE = {"lengths": (3, 6), "train_chunks": 3, "episodes": 4,
+SMOKE = {"lengths": (3, 6), "far": 12, "train_chunks": 3, "episodes": 4,
          "train": ["--steps", "2", "--questions-per-step", "2", "--group-size", "2", "--student-warmup-steps", "2",
                    "--eval-episodes", "2", "--eval-every", "0", "--teacher", "tiny-teacher-digits"]}
 
@@ -151,12 +158,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/long-horizon", help="the study's directory (reused by a rerun)")
     add_study_args(p, list(TASKS), POLICIES, POLICIES, "0,1,2,3,4", PART1_TASKS)
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated evaluation lengths (chunks)")
+    p.add_argument("--far", type=int, default=FAR,
+                   help=f"read {list(FAR_POLICIES)} at this many chunks past the ladder (0: not)")
     args = p.parse_args(argv)
     split_study_args(p, args, list(TASKS), POLICIES)
     args.lengths = [int(n) for n in args.lengths.split(",") if n]
     args.train_chunks = TRAIN_CHUNKS
     if args.smoke:
         args.lengths, args.train_chunks, args.seeds = list(SMOKE["lengths"]), SMOKE["train_chunks"], args.seeds[:1]
+        args.far = SMOKE["far"] if args.far else 0
+    if args.far and args.far <= max(args.lengths):
+        p.error(f"--far ({args.far}) must be past the ladder's longest length ({max(args.lengths)}), or 0")
     return args
 
 
@@ -174,6 +186,8 @@ def env_id(task: str) -> str:
 def episodes_at(n: int, args: argparse.Namespace) -> int:
     if args.smoke:
         return SMOKE["episodes"]
+    if n == args.far:
+        return FAR_EPISODES
     return EPISODES_ENDS if n in (min(args.lengths), max(args.lengths)) else EPISODES_BETWEEN
 
 
@@ -424,9 +438,10 @@ def drop_lower_bound(rows: list[dict[str, Any]], short: int, long: int, draws: i
 
 
 def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    """Per task and policy: F1 mean ± sd over seeds at each length, and the drop from L to 32L."""
+    """Per task and policy: F1 mean ± sd over seeds at each length, the drop from L to 32L, and from
+    L to the far length where the policy was read there."""
     out: dict[str, Any] = {}
-    short, long = min(args.lengths), max(args.lengths)
+    short, long, far = min(args.lengths), max(args.lengths), getattr(args, "far", 0)
     for task in args.tasks:
         for policy in args.policies:
             cells = [r for r in rows if r["task"] == task and r["policy"] == policy]
@@ -441,6 +456,8 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
             table, fitted = by_distance(cells) if task in TASKS else ({}, {})  # (hand-made tasks have no samples)
             out.setdefault(task, {})[policy] = {"by_length": at, **drop_lower_bound(cells, short, long),
                                                 "by_distance": table, "retention": fitted}
+            if far and str(far) in at:
+                out[task][policy].update({f"far_{k}": v for k, v in drop_lower_bound(cells, short, far).items()})
     return out
 
 
@@ -517,6 +534,8 @@ def command(args: argparse.Namespace) -> str:
                                  ("--seeds", args.seeds, [0, 1, 2, 3, 4]), ("--lengths", args.lengths, list(LENGTHS))):
         if value != default and not (args.smoke and flag in ("--seeds", "--lengths")):
             parts.append(f"{flag} {','.join(map(str, value))}")
+    if args.far != FAR and not args.smoke:
+        parts.append(f"--far {args.far}")
     return " ".join(parts)
 
 
@@ -529,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for task in args.tasks:  # the cheap, seedless policies first: the teacher is built for every other
         for policy in sorted(args.policies, key=lambda p: p not in FIXED):
             for seed in seeds_of(policy, args):
-                for n in args.lengths:
+                for n in [*args.lengths, *([args.far] if args.far and policy in FAR_POLICIES else [])]:
                     row = eval_cell(task, policy, seed, n, args)
                     if row is not None:
                         rows.append(row)
@@ -539,7 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results = {"command": command(args),
                "tasks": {t: TASKS[t] for t in args.tasks}, "train_chunks": args.train_chunks,
-               "lengths": args.lengths, "policies": args.policies, "seeds": args.seeds, "student": STUDENT,
+               "lengths": args.lengths, "far": args.far, "policies": args.policies, "seeds": args.seeds,
+               "student": STUDENT,
                "claim": {"margin": CLAIM_MARGIN, "contrast": CONTRAST}, "summary": summary,
                "verdicts": verdicts(summary), "rows": rows,
                "wall_s_this_invocation": time.perf_counter() - t0,

@@ -64,9 +64,13 @@ def test_long_horizon_smoke_and_rerun(tmp_path):
     assert lh.main(["--smoke", "--out", str(tmp_path), "--tasks", "Counting"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     cells = {(r["policy"], r["seed"], r["num_chunks"]) for r in results["rows"]}
-    assert cells == {(p, 0, n) for p in lh.POLICIES for n in (3, 6)}
+    far = lh.SMOKE["far"]  # past the ladder: the memory policies only, with their own drop
+    assert cells == {(p, 0, n) for p in lh.POLICIES for n in (3, 6)} | {(p, 0, far) for p in lh.FAR_POLICIES}
     assert all(len(r["f1"]) == 4 for r in results["rows"])
     assert set(results["summary"]["Counting"]) == set(lh.POLICIES) and "Counting" in results["verdicts"]
+    for policy, got in results["summary"]["Counting"].items():
+        assert ("far_drop" in got) == (policy in lh.FAR_POLICIES)
+        assert "drop" in got and set(got["by_length"]) == {"3", "6", *([str(far)] if policy in lh.FAR_POLICIES else [])}
     config = (tmp_path / "Counting" / "opd-persistent-s0" / "config.toml").read_text()
     assert 'teacher_context = "persistent"' in config and "num_chunks = 3" in config
     assert 'numbering = "random"' in config
