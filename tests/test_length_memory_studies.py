@@ -360,4 +360,7 @@ def test_aligned_vs_persistent_gaps_and_verdicts_by_hand():
     assert avp.verdict([0.1, 0.2, 0.05], None).startswith("holds")
     assert avp.verdict([0.3, -0.01, 0.3, 0.3], statistics.stdev([0.3, -0.01, 0.3, 0.3]) / 2).startswith("holds")
     assert avp.verdict([0.1, 0.2], 0.01).startswith("not tested yet")
+    # a teacher the recipe did not teach gets no runs (in a smoke run every teacher does)
+    assert avp.fair({"a": 0.86, "b": 0.02, "c": avp.FAIR_F1}) == ["a", "c"]
+    assert avp.fair({"a": 0.86, "b": 0.02}, smoke=True) == ["a", "b"]
     assert avp.pearson([0.3, 0.1, 0.5], gaps) == pytest.approx(statistics.correlation([0.3, 0.1, 0.5], gaps))
