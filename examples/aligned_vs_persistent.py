@@ -23,7 +23,8 @@ the comparison is made over several fair teachers, at L and at a long training l
              --model tiny-digits``: its warm start at the training length, then
              ``long_horizon.RL_STEPS`` steps of PPO + OPD) with the teacher, scored
              ``--teacher-context aligned`` and ``persistent``; each read greedy on the first 256 test
-             episodes at its length
+             episodes at its length; each aligned run trained at L also at 32L = 192 chunks (part 1's
+             claim with another teacher build, ``f1_at_32L``)
   shift      per teacher and length: KL(p_aligned || p_persistent) of the teacher
              (``memopd.alignment.teacher_shift``) on 32 training episodes part 1's warm start sampled
              at temperature 1 at that length (states like those training starts from), the mean over
@@ -216,6 +217,10 @@ def summarise(runs: list[dict[str, Any]], shifts: list[dict[str, Any]], teachers
             f1 = {c: sum(got[c]) / len(got[c]) for c in CONTEXTS}
             per[name] = {"teacher_f1": teachers[name], "seeds": len(both), **{f"f1_{c}": f1[c] for c in CONTEXTS},
                          "gap": f1["aligned"] - f1["persistent"], "shift_kl": kl.get((name, n))}
+            at_32l = [r["f1_at_32L"] for r in runs if (r["teacher"], r["context"], r["num_chunks"]) == (name, "aligned", n)
+                      and "f1_at_32L" in r]
+            if at_32l:
+                per[name]["f1_aligned_at_32L"] = sum(at_32l) / len(at_32l)
             if kl.get((name, n)) is not None:
                 pairs.append((kl[(name, n)], per[name]["gap"]))
         if not per:
@@ -285,6 +290,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def far_length(args: argparse.Namespace) -> int:
+    """32L, where part 1's claim is read: each aligned run trained at L is read there too, part 1's
+    MemOPD student with another teacher build."""
+    return lh.SMOKE["lengths"][-1] if args.smoke else lh.LENGTHS[-1]
+
+
 def fair(teachers: dict[str, float], smoke: bool = False) -> list[str]:
     """The teachers that get runs: those the recipe taught the task (every one in a smoke run, whose
     teachers train two steps)."""
@@ -324,8 +335,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     key = f"{name}-{context}-{n}-s{seed}"
                     if not (home(args) / "rows" / f"{key}.json").is_file() and args.cached_only:
                         continue
-                    row = read(train(name, context, n, seed, args), n, key, args)
-                    runs.append({**row, "teacher": name, "context": context, "seed": seed})
+                    model = train(name, context, n, seed, args)
+                    row = {**read(model, n, key, args), "teacher": name, "context": context, "seed": seed}
+                    far = far_length(args)
+                    if context == "aligned" and n == part1(args).train_chunks and far > n:
+                        key_far = f"{key}-at-{far}"  # part 1's claim with this teacher build
+                        if (home(args) / "rows" / f"{key_far}.json").is_file() or not args.cached_only:
+                            row["f1_at_32L"] = read(model, far, key_far, args)["f1"]
+                    runs.append(row)
     summary = summarise(runs, shifts, teachers)
     import torch
     import transformers

@@ -332,6 +332,9 @@ def test_aligned_vs_persistent_smoke_and_rerun(tmp_path):
     assert {(r["teacher"], r["context"], r["num_chunks"]) for r in results["runs"]} == {
         (t, c, n) for t in avp.SMOKE["teachers"] for c in avp.CONTEXTS for n in avp.SMOKE["lengths"]}
     assert json.loads((home / "teachers" / "small" / "sft_config.json").read_text())["model"] == "tiny-digits"
+    # each aligned run trained at L is also read at 32L (part 1's claim with that teacher build)
+    assert {r["teacher"] for r in results["runs"] if "f1_at_32L" in r} == set(avp.SMOKE["teachers"])
+    assert all(("f1_at_32L" in r) == (r["context"] == "aligned" and r["num_chunks"] == 3) for r in results["runs"])
     config = (home / "runs" / "t1-persistent-4-s0" / "config.toml").read_text()
     assert 'teacher_context = "persistent"' in config and "num_chunks = 4" in config
     for s in results["shifts"]:  # no history before the first call: the two contexts agree there
