@@ -132,8 +132,7 @@ def train(name: str, context: str, n: int, seed: int, args: argparse.Namespace) 
             "--no-progress", "--steps", str(lh.RL_STEPS), "--teacher", str(teacher(name, args)),
             "--teacher-context", context,
             *(lh.SMOKE["train"][:-2] if args.smoke else [])]  # the smoke's steps win; its teacher is left out
-    argv = ["--resume", str(run)] if (run / "config.toml").is_file() else [*argv, "--run-dir", str(run)]
-    if trainer.main(argv) != 0:
+    if trainer.main(lh.rl_argv(run, argv)) != 0:
         raise SystemExit(f"error: the run {run} failed (its log above); rerun to resume it")
     return run
 

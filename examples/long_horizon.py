@@ -213,14 +213,23 @@ def teacher_dir(task: str, args: argparse.Namespace) -> str:
     return ensure_teacher(cfg, log=lambda m: print(m, flush=True))
 
 
+def rl_argv(run: Path, fresh: Sequence[str]) -> list[str]:
+    """``memopd.train``'s flags for ``run``: ``--resume`` where it holds a checkpoint, else ``fresh`` with
+    ``--run-dir`` (a run killed before its first checkpoint starts over, as memopd.train advises)."""
+    from memopd.checkpoint import list_checkpoints
+
+    if run.is_dir() and list_checkpoints(run):
+        return ["--resume", str(run)]
+    return [*fresh, "--run-dir", str(run)]
+
+
 def train_rl(task: str, policy: str, seed: int, args: argparse.Namespace) -> Path:
     from memopd import train
 
     run = Path(args.out) / task / f"{policy}-s{seed}"
     if not (run / "summary.json").is_file():
         argv, _ = rl_config(task, policy, seed, args)
-        argv = ["--resume", str(run)] if (run / "config.toml").is_file() else [*argv, "--run-dir", str(run)]
-        if train.main(argv) != 0:
+        if train.main(rl_argv(run, argv)) != 0:
             raise SystemExit(f"error: the run {run} failed (its log above); rerun to resume it")
     return run
 

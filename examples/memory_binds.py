@@ -167,11 +167,12 @@ def students(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def student_cell(task: str, budget: int, args: argparse.Namespace) -> dict[str, Any]:
     from memopd import train
+    from memopd.checkpoint import list_checkpoints
 
     run = Path(args.out) / f"{task}-{budget}"
     t0 = time.perf_counter()
-    if not (run / "summary.json").is_file():
-        argv = (["--resume", str(run)] if (run / "config.toml").is_file() else
+    if not (run / "summary.json").is_file():  # killed before its first checkpoint: it starts over
+        argv = (["--resume", str(run)] if run.is_dir() and list_checkpoints(run) else
                 ["--env", f"memgym/{task}-v0", "--model", "tiny-digits", "--env-kwarg", f"memory_budget={budget}",
                  "--threads", str(args.threads), "--no-progress", "--run-dir", str(run)]
                 + (SMOKE_TRAIN if args.smoke else []))

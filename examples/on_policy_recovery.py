@@ -201,14 +201,11 @@ def train_memopd(task: str, start: str, teacher: str, run: Path, seed: int, upda
     from memopd import train
 
     questions, group = (2, 2) if args.smoke else (4, BATCH // 4)
-    if (run / "config.toml").is_file():
-        argv = ["--resume", str(run)]
-    else:
-        argv = [*lh.env_argv(task, one.train_chunks), "--model", start, "--teacher", teacher, "--seed", str(seed),
-                "--steps", str(updates), "--lr", str(RL_LR), "--questions-per-step", str(questions),
-                "--group-size", str(group),
-                "--student-warmup-steps", "0", "--threads", str(args.threads), "--no-progress",
-                "--eval-every", "0", "--run-dir", str(run)]
+    argv = lh.rl_argv(run, [*lh.env_argv(task, one.train_chunks), "--model", start, "--teacher", teacher,
+                            "--seed", str(seed), "--steps", str(updates), "--lr", str(RL_LR),
+                            "--questions-per-step", str(questions), "--group-size", str(group),
+                            "--student-warmup-steps", "0", "--threads", str(args.threads), "--no-progress",
+                            "--eval-every", "0"])
     if train.main(argv) != 0:
         raise SystemExit(f"error: the run {run} failed (its log above); rerun to resume it")
 

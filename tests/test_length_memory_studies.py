@@ -77,6 +77,13 @@ def test_long_horizon_smoke_and_rerun(tmp_path):
     sft = json.loads((tmp_path / "Counting" / "sft-oracle-s0" / "sft_config.json").read_text())
     assert sft["steps"] == 4 and sft["model"] == "tiny-digits"  # the warm start's 2 steps + the RL arms' 2
     assert (tmp_path / "length.png").is_file()
+    # a run with a checkpoint resumes; one killed before its first checkpoint (its config.toml written) starts over
+    run = tmp_path / "Counting" / "ppo-s0"
+    assert lh.rl_argv(run, ["--steps", "2"]) == ["--resume", str(run)]
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "config.toml").write_text((run / "config.toml").read_text())
+    assert lh.rl_argv(early, ["--steps", "2"]) == ["--steps", "2", "--run-dir", str(early)]
     rows = sorted((tmp_path / "rows").iterdir())
     stamps = [p.stat().st_mtime_ns for p in rows]
     assert lh.main(["--smoke", "--out", str(tmp_path), "--tasks", "Counting", "--cached-only"]) == 0
