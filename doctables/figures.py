@@ -97,6 +97,11 @@ def on_policy_recovery(d: Data, path: Path) -> None:
     script("on_policy_recovery").plot(d("on_policy_recovery/results.json"), path)
 
 
+@figure("aligned_vs_persistent.png")
+def aligned_vs_persistent(d: Data, path: Path) -> None:
+    script("aligned_vs_persistent").plot(d("aligned_vs_persistent/results.json"), path)
+
+
 @figure("smollm2_at_length.png")
 def smollm2_at_length(d: Data, path: Path) -> None:
     script("long_horizon").plot(d("smollm2_at_length/results.json")["summary"], path)

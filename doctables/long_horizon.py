@@ -50,3 +50,30 @@ def retained(fit: dict) -> str:
         return "–"
     half = fit["half_life_chunks"]
     return f"{fit['r']:.5f} ({'none' if half is None else f'{half:,.0f}'})"
+
+
+ALIGNED = "aligned_vs_persistent/results.json"
+
+
+@table("long_horizon.aligned")
+def aligned(d: Data) -> str:
+    """Part 3 (examples/aligned_vs_persistent.py): per training length and teacher, F1 with the
+    teacher scored aligned and persistent (mean over RL seeds), the gap and the teacher's shift;
+    then the mean gap over teachers with its between-teacher sd, and the verdict."""
+    res = d(ALIGNED)
+    rows = []
+    for n, got in res["summary"]["lengths"].items():
+        for name, t in got["teachers"].items():
+            kl = "–" if t["shift_kl"] is None else f(t["shift_kl"], 2)
+            rows.append([n, name, f(t["teacher_f1"]), t["seeds"], f(t["f1_aligned"]), f(t["f1_persistent"]),
+                         f"{t['gap']:+.3f}", kl, f(t.get("f1_aligned_at_32L"))])
+        kl_of = {s["teacher"]: s["kl"] for s in res["shifts"] if str(s["num_chunks"]) == n}
+        for name in res.get("unfair", []):
+            rows.append([n, name, f(res["teacher_f1"][name]), 0, "–", "–", "–",
+                         f"{f(kl_of[name], 2) if name in kl_of else '–'}; not fair (F1 below {res['fair_f1']}): no runs",
+                         "–"])
+        spread = "" if got["sd_gap"] is None else f" ± {f(got['sd_gap'])} sd"
+        rows.append([n, f"**mean over {len(got['teachers'])}**", "", "", "", "", f"{got['mean_gap']:+.3f}{spread}",
+                     got["verdict"], ""])
+    return md(["training length (chunks)", "teacher", "teacher F1 @ 6 chunks", "RL seeds", "F1 aligned",
+               "F1 persistent", "gap", "teacher shift KL (nats) / verdict", "F1 aligned @ 192 chunks"], rows)

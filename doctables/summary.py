@@ -46,11 +46,12 @@ def claims(d: Data) -> str:
          f"{f(sft20['sft-oracle'])} / {f(sft20['sft-teacher'])} at step 20, MemOPD {f(sft20['ppo+memopd'])}",
          "PPO learns at a tenth of the learning rate, and five times the steps did not bring it to MemOPD's step 40"],
         ["2. Aligned teacher scoring beats persistent-history scoring (+7.0% F1)",
-         "**direction holds for one teacher of two; the size is not established**",
+         "**direction holds for one teacher of two at 3 chunks, for every fair teacher (three) at 6; the size is "
+         "not established**",
          f"One fair teacher, 5 seeds: {mean_se([x - y for x, y in zip(c40, b40)], sign=True)} at step 40 "
          f"({mean(c40) / mean(b40) - 1:+.0%}), {mean_se([x - y for x, y in zip(c, b)], sign=True)} at 120 "
          f"({mean(c) / mean(b) - 1:+.1%}); a second teacher of the same recipe, 1 seed: "
-         + ", ".join(signed(x) for x in second),
+         + ", ".join(signed(x) for x in second) + aligned_across_teachers(d),
          f"SFT on oracle / teacher trajectories at 120: {mean_se(sft['sft-oracle'])} / {mean_se(sft['sft-teacher'])}",
          f"At step 120 the aligned arm is at {f(mean(c))}, where a relative gap cannot exceed "
          f"{1 / mean(b) - 1:+.1%}: the relative gap there says how close the persistent arm comes to 1.0 more than "
@@ -84,6 +85,20 @@ def claims(d: Data) -> str:
 def verdict_word(said: str) -> str:
     """The bold reading of a study's verdict string ("holds: ..." -> **holds**)."""
     return f"**{said.split(':')[0]}**"
+
+
+def seeds_said(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def aligned_across_teachers(d: Data) -> str:
+    """The long-horizon study's part 3, per training length: the mean gap over its fair teachers."""
+    res = d("aligned_vs_persistent/results.json")
+    said = [f"{signed(got['mean_gap'])} over {len(got['teachers'])} fair teachers at {n} chunks "
+            f"({', '.join(signed(t['gap']) for t in got['teachers'].values())}; "
+            f"{seeds_said(max(t['seeds'] for t in got['teachers'].values()))} each)"
+            for n, got in res["summary"]["lengths"].items()]
+    return f". The long-horizon study's part 3: {'; '.join(said)}" if said else ""
 
 
 def long_horizon_row(d: Data) -> list[str]:

@@ -261,7 +261,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         per = [[t[f"f1_{context}"] for t in lengths[str(n)]["teachers"].values()] for n in xs]
         mu = [mean_sd(v)[0] for v in per]
         sd = [mean_sd(v)[1] or 0.0 for v in per]
-        left.plot(xs, mu, marker="o", color=colour, label=f"{context} (mean over teachers)")
+        left.errorbar(xs, mu, yerr=sd, marker="o", capsize=4, color=colour, label=f"{context} (mean over teachers, ±sd)")
         left.fill_between(xs, [m - s for m, s in zip(mu, sd)], [m + s for m, s in zip(mu, sd)], color=colour, alpha=0.15)
         for n, v in zip(xs, per):
             left.scatter([n] * len(v), v, s=10, color=colour, alpha=0.5)
