@@ -318,10 +318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     teachers: dict[str, float] = {}
     runs, shifts = [], []
+    short, far = part1(args).train_chunks, far_length(args)
     for name in args.teachers:  # the cheap readings first: a teacher's F1 and shifts, then its runs
         made = (home(args) / "teachers" / name / "config.json").is_file()
         if made or not args.cached_only:
-            row = read(teacher(name, args), part1(args).train_chunks, f"teacher-{name}", args)
+            row = read(teacher(name, args), short, f"teacher-{name}", args)
             teachers[name] = row["f1"]
         for n in args.lengths:
             if (home(args) / "rows" / f"shift-{name}-{n}.json").is_file() or not args.cached_only:
@@ -336,8 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         continue
                     model = train(name, context, n, seed, args)
                     row = {**read(model, n, key, args), "teacher": name, "context": context, "seed": seed}
-                    far = far_length(args)
-                    if context == "aligned" and n == part1(args).train_chunks and far > n:
+                    if context == "aligned" and n == short and far > n:
                         key_far = f"{key}-at-{far}"  # part 1's claim with this teacher build
                         if (home(args) / "rows" / f"{key_far}.json").is_file() or not args.cached_only:
                             row["f1_at_32L"] = read(model, far, key_far, args)["f1"]

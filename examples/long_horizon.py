@@ -450,7 +450,7 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     """Per task and policy: F1 mean ± sd over seeds at each length, the drop from L to 32L, and from
     L to the far length where the policy was read there."""
     out: dict[str, Any] = {}
-    short, long, far = min(args.lengths), max(args.lengths), getattr(args, "far", 0)
+    short, long, far = min(args.lengths), max(args.lengths), args.far
     for task in args.tasks:
         for policy in args.policies:
             cells = [r for r in rows if r["task"] == task and r["policy"] == policy]
