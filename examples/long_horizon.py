@@ -12,10 +12,14 @@ full-context agent trained at L) scores at least 0.3 at L and drops by at least 
 was too easy, or, with no such policy, not made).
 
 The tasks (``TASKS``), each in the digit presets' tokens with random document numbering (the
-length-robust inputs of docs/RESULTS.md, "Length-robust inputs"), in chunks of 48 tokens (random
-labels need more than the binding tasks' default 32) and a 16-token memory, only ``num_chunks``
-changing between training and evaluation: one-hop LongQA, KnowledgeUpdate (the latest of a
-person's cities) and Counting (two running counts).
+length-robust inputs of docs/RESULTS.md, "Length-robust inputs") and a 16-token memory, only
+``num_chunks`` changing between training and evaluation: one-hop LongQA in chunks of 48 tokens
+(its facts and random labels need more than 32), and by default two tasks where the memory binds,
+at their own chunks of 32 tokens (the size the auto teacher's recipe learns them at): MultiValue
+(both cities a person visits, two facts anywhere in the input) and VariableTracking (the variables
+a chain of two assignments gives a value). KnowledgeUpdate (the latest cities of two people) and
+Counting (two running counts) are options: the recipe's teacher learns them only partly (about 0.67
+at their defaults, one item of two).
 
 The policies (``POLICIES``), all trained at L on the same task with the same student
 (``tiny-digits``) and teacher (the auto teacher of ``memopd.train --teacher auto``: the embedded
@@ -80,6 +84,8 @@ TASKS = {  # task -> env options of training and evaluation (num_chunks aside)
     "LongQA": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "KnowledgeUpdate": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "Counting": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
+    "MultiValue": {"chunk_size": 32, "memory_budget": 16, "numbering": "random"},
+    "VariableTracking": {"chunk_size": 32, "memory_budget": 16, "numbering": "random"},
     "LongQA-distractors": {"chunk_size": 48, "memory_budget": 16, "numbering": "random", "distractor_similarity": 0.5},
     "LongQA-twice": {"chunk_size": 48, "memory_budget": 16, "numbering": "random", "fact_repeats": 2},
 }
@@ -88,7 +94,7 @@ ENV_OF = {"LongQA-distractors": "LongQA", "LongQA-twice": "LongQA"}
 TEACHER_STEPS = {"LongQA-distractors": 1000}
 """The auto teacher's SFT steps where the recipe's 250 leave it short of the task: with distractor
 facts the teacher of 250 steps answers 0.012 (its loss still falling, 1.08 at step 226)."""
-PART1_TASKS = ("LongQA", "KnowledgeUpdate", "Counting")
+PART1_TASKS = ("LongQA", "MultiValue", "VariableTracking")
 """This script's tasks by default (the variants serve part 2's scripts)."""
 TRAIN_CHUNKS = 6
 LENGTHS = (6, 12, 24, 48, 96, 192)
