@@ -14,10 +14,10 @@ was too easy, or, with no such policy, not made).
 The tasks (``TASKS``), each in the digit presets' tokens with random document numbering (the
 length-robust inputs of docs/RESULTS.md, "Length-robust inputs") and a 16-token memory, only
 ``num_chunks`` changing between training and evaluation: one-hop LongQA in chunks of 48 tokens
-(its facts and random labels need more than 32), and by default two tasks where the memory binds,
-at their own chunks of 32 tokens (the size the auto teacher's recipe learns them at): MultiValue
-(both cities a person visits, two facts anywhere in the input) and VariableTracking (the variables
-a chain of two assignments gives a value). KnowledgeUpdate (the latest cities of two people) and
+(a fact document beside another with its random label needs more than 32), and by default two
+tasks where the memory binds: MultiValue (both cities a person visits, two facts anywhere in the
+input; chunks of 48 for the same reason) and VariableTracking (the variables a chain of two
+assignments gives a value; its own chunks of 32, the size the auto teacher's recipe learns it at). KnowledgeUpdate (the latest cities of two people) and
 Counting (two running counts) are options: the recipe's teacher learns them only partly (about 0.67
 at their defaults, one item of two).
 
@@ -84,7 +84,7 @@ TASKS = {  # task -> env options of training and evaluation (num_chunks aside)
     "LongQA": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "KnowledgeUpdate": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "Counting": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
-    "MultiValue": {"chunk_size": 32, "memory_budget": 16, "numbering": "random"},
+    "MultiValue": {"chunk_size": 48, "memory_budget": 16, "numbering": "random"},
     "VariableTracking": {"chunk_size": 32, "memory_budget": 16, "numbering": "random"},
     "LongQA-distractors": {"chunk_size": 48, "memory_budget": 16, "numbering": "random", "distractor_similarity": 0.5},
     "LongQA-twice": {"chunk_size": 48, "memory_budget": 16, "numbering": "random", "fact_repeats": 2},
