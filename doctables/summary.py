@@ -102,7 +102,7 @@ def aligned_across_teachers(d: Data) -> str:
 
 
 def long_horizon_row(d: Data) -> list[str]:
-    """The product's promise, from the long-horizon study's part 1 (LongQA)."""
+    """The product's promise, from the long-horizon study's part 1 (LongQA, then each other task run)."""
     res = d("long_horizon/results.json")
     got = res["summary"]["LongQA"]
     short, long = (str(n) for n in (min(res["lengths"]), max(res["lengths"])))
@@ -110,16 +110,31 @@ def long_horizon_row(d: Data) -> list[str]:
     far = str(res.get("far") or "")
     beyond = (f"; at {int(far):,} chunks {f(m['by_length'][far]['f1'])} (drop {signed(m['far_drop'])}, "
               f"≥ {signed(m['far_lower_95'])})" if far in m["by_length"] else "")
+    others = [t for t in res["summary"] if t != "LongQA" and "drop" in res["summary"][t].get("memopd", {})]
+
+    def read(task: str) -> str:
+        mo = res["summary"][task]["memopd"]
+        reader = res["summary"][task].get("fullcontext", {}).get("by_length", {})
+        contrast = (f"; the full-context reader {f(reader[short]['f1'])} → {f(reader[long]['f1'])}"
+                    if short in reader and long in reader else "")
+        return (f"{task}, {seeds_said(mo['seeds'])}: MemOPD {f(mo['by_length'][short]['f1'])} → "
+                f"{f(mo['by_length'][long]['f1'])} (drop {signed(mo['drop'])}, ≥ {signed(mo['lower_95'])}){contrast}")
+
+    here = "; ".join(f"{verdict_word(res['verdicts'][t])} on {t}" for t in ["LongQA", *others])
     return ["A compact-memory student trained at L = 6 chunks keeps its F1 at 32L: the 95% lower bound of "
-            f"F1(32L) − F1(L) above {res['claim']['margin']}", verdict_word(res["verdicts"]["LongQA"]),
+            f"F1(32L) − F1(L) above {res['claim']['margin']}", here,
             f"LongQA, {m['seeds']} seeds: MemOPD {f(m['by_length'][short]['f1'])} at {short} chunks, "
             f"{f(m['by_length'][long]['f1'])} at {long} (drop {signed(m['drop'])}, ≥ {signed(m['lower_95'])}){beyond}; "
-            f"the full-context reader {f(full['by_length'][short]['f1'])} → {f(full['by_length'][long]['f1'])}",
+            f"the full-context reader {f(full['by_length'][short]['f1'])} → {f(full['by_length'][long]['f1'])}"
+            + "".join(f". {read(t)}" for t in others),
             f"SFT on the teacher's samples at the same compute: {f(got['sft-teacher']['by_length'][short]['f1'])} at "
             f"{short} chunks (1 seed)",
-            "The memory holds (a half-life of thousands of chunks); " + (
+            "On LongQA the memory holds (a half-life of thousands of chunks); " + (
                 "the bound clears the margin" if m["lower_95"] > res["claim"]["margin"] else
-                f"the bound misses the margin by {res['claim']['margin'] - m['lower_95']:.3f} at {m['seeds']} seeds")]
+                f"the bound misses the margin by {res['claim']['margin'] - m['lower_95']:.3f} at {m['seeds']} seeds")
+            + ("" if not others else "; where the memory must hold a growing set (VariableTracking) it does not"
+               if "VariableTracking" in others and res["summary"]["VariableTracking"]["memopd"]["drop"] < -0.1
+               else "")]
 
 
 def recovery_row(d: Data) -> list[str]:
