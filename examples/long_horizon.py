@@ -510,14 +510,16 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib.ticker
 
     tasks = list(summary)
+    named = list(dict.fromkeys([*POLICIES, *(p for t in tasks for p in summary[t])]))
+    colors = {p: plt.get_cmap("tab10" if len(named) <= 10 else "tab20")(i) for i, p in enumerate(named)}
     fig, axes = plt.subplots(2, max(1, len(tasks)), figsize=(5 * max(1, len(tasks)), 7.5), squeeze=False)
     for col, task in enumerate(tasks):
         top, bottom = axes[0][col], axes[1][col]
-        for policy, got in summary[task].items():
+        for policy, got in summary[task].items():  # a policy keeps its colour in every panel
             xs = sorted(int(n) for n in got["by_length"])
             ys = [got["by_length"][str(n)]["f1"] for n in xs]
             sd = [got["by_length"][str(n)]["sd"] for n in xs]
-            (line,) = top.plot(xs, ys, marker="o", label=policy)
+            (line,) = top.plot(xs, ys, marker="o", label=policy, color=colors[policy])
             top.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
                              color=line.get_color(), alpha=0.15)
             bins = got.get("by_distance") or {}
@@ -534,7 +536,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
             ax.set_ylim(-0.02, 1.02)
             ax.set_ylabel("held-out F1")
-    axes[0][-1].legend(fontsize=7)
+        top.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
