@@ -219,7 +219,11 @@ class MemoryQAEnv(gym.Env[str, str]):
         return int(self.np_random.integers(len(self.source)))
 
     def _next_chunk(self) -> str:
-        chunk = next(self._chunks, None)
+        try:
+            chunk = next(self._chunks, None)
+        except ValueError as exc:  # a plan that cannot be packed: name the sample, so it can be replayed
+            raise ValueError(f"sample {self._sample.id} of split {self.split!r} (reset option "
+                             f"{{'sample_id': {self._sample.id!r}}}), chunk {self._chunk_index + 1}: {exc}") from exc
         if chunk is None:
             raise RuntimeError(f"sample {self._sample.id}: the input ended after {self._chunk_index} chunks, "
                                f"{self._num_chunks} were expected (the source's chunk plan is wrong)")

@@ -285,3 +285,23 @@ def test_reset_options_must_be_a_dict():
     env = gym.make("memgym/LongQA-v0")
     with pytest.raises(TypeError, match=r"reset options must be a dict such as .* got int 5"):
         env.reset(options=5)
+
+
+def test_a_sample_that_cannot_be_packed_is_named():
+    """A plan the chunk size cannot pack fails with the sample's id (to replay it with reset options)
+    and the chunk size to pass; the same sample replayed by id fails the same way."""
+    env = gym.make("memgym/VariableTracking-v0", chunk_size=24, numbering="random", num_chunks=6)
+
+    def play(**reset) -> None:
+        env.reset(**reset)
+        terminated = False
+        while not terminated:
+            _, _, terminated, _, _ = env.step("x")
+
+    with pytest.raises(ValueError, match=r"^sample (\S+) of split 'train' \(reset option .*chunk \d+: .*chunk_size=24 "
+                                         r"tokens is too small.*pass chunk_size=\d+") as first:
+        play(seed=0)
+    sample_id = re.match(r"sample (\S+) ", str(first.value)).group(1)
+    with pytest.raises(ValueError, match=f"^sample {re.escape(sample_id)} "):
+        play(options={"sample_id": sample_id})
+    env.close()
