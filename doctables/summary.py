@@ -46,8 +46,7 @@ def claims(d: Data) -> str:
          f"{f(sft20['sft-oracle'])} / {f(sft20['sft-teacher'])} at step 20, MemOPD {f(sft20['ppo+memopd'])}",
          "PPO learns at a tenth of the learning rate, and five times the steps did not bring it to MemOPD's step 40"],
         ["2. Aligned teacher scoring beats persistent-history scoring (+7.0% F1)",
-         "**direction holds for one teacher of two at 3 chunks, for every fair teacher (three) at 6; the size is "
-         "not established**",
+         f"**direction holds for one teacher of two at 3 chunks, {fair_teachers_said(d)}; the size is not established**",
          f"One fair teacher, 5 seeds: {mean_se([x - y for x, y in zip(c40, b40)], sign=True)} at step 40 "
          f"({mean(c40) / mean(b40) - 1:+.0%}), {mean_se([x - y for x, y in zip(c, b)], sign=True)} at 120 "
          f"({mean(c) / mean(b) - 1:+.1%}); a second teacher of the same recipe, 1 seed: "
@@ -89,6 +88,18 @@ def verdict_word(said: str) -> str:
 
 def seeds_said(n: int) -> str:
     return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def fair_teachers_said(d: Data) -> str:
+    """How many of part 3's fair teachers gave a positive gap, per training length."""
+    lengths = d("aligned_vs_persistent/results.json")["summary"]["lengths"]
+    said = []
+    for n, got in lengths.items():
+        gaps = [t["gap"] for t in got["teachers"].values()]
+        k = sum(g > 0 for g in gaps)
+        said.append(f"for {'all' if k == len(gaps) else k} {'' if k == len(gaps) else 'of '}{len(gaps)} fair "
+                     f"teacher{'s' if len(gaps) != 1 else ''} at {n}")
+    return ", ".join(said) or "not yet across teachers"
 
 
 def aligned_across_teachers(d: Data) -> str:
