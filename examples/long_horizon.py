@@ -242,6 +242,14 @@ def rl_argv(run: Path, fresh: Sequence[str]) -> list[str]:
     return [*fresh, "--run-dir", str(run)]
 
 
+def recipe(task: str) -> dict[str, Any]:
+    """The settings of ``task``'s trained policies that differ between tasks (for the results JSON)."""
+    from memopd.learn.models import TEACHER_SFT, TINY_LR
+
+    return {"teacher_sft_steps": TEACHER_STEPS.get(task, TEACHER_SFT["steps"]), "rl_steps": RL_STEPS,
+            "rl_lr": RL_LR.get(task, TINY_LR), "reader_steps": READER_STEPS.get(task, READER["steps"])}
+
+
 def train_rl(task: str, policy: str, seed: int, args: argparse.Namespace) -> Path:
     from memopd import train
 
@@ -589,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = {"command": command(args),
                "tasks": {t: TASKS[t] for t in args.tasks}, "train_chunks": args.train_chunks,
                "lengths": args.lengths, "far": args.far, "policies": args.policies, "seeds": args.seeds,
-               "student": STUDENT,
+               "student": STUDENT, "recipes": {t: recipe(t) for t in args.tasks},
                "claim": {"margin": CLAIM_MARGIN, "contrast": CONTRAST}, "summary": summary,
                "verdicts": verdicts(summary), "rows": rows,
                "wall_s_this_invocation": time.perf_counter() - t0,
