@@ -322,7 +322,7 @@ def train_reader(task: str, seed: int, args: argparse.Namespace) -> Path:
         run_eval([*env_argv(task, args.train_chunks), "--agent", "agents.baselines:FullContextOracle", "--model",
                   start, "--split", "train", "--episodes", str(n), "--seed", "0", "--no-progress",
                   "--out", str(gold), "--overwrite"])
-    steps = 2 if args.smoke else READER_STEPS.get(task, READER["steps"])
+    steps = 2 if args.smoke else recipe(task)["reader_steps"]
     run_sft(SFTConfig(model=start, episodes=str(gold / "episodes.jsonl"), out=str(out), seed=seed + 2,
                       threads=args.threads, progress=False, steps=steps, batch_episodes=READER["batch_episodes"],
                       lr=READER["lr"], warmup_steps=20, checkpoint_every=100), progress=False)
