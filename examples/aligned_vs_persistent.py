@@ -4,6 +4,7 @@
     python examples/aligned_vs_persistent.py --lengths 6 --seeds 0             # the short length, one RL seed
     python examples/aligned_vs_persistent.py --cached-only --publish docs/data/aligned_vs_persistent/results.json
     python examples/aligned_vs_persistent.py --smoke --out DIR                 # the pipeline in minutes (CI)
+    python examples/aligned_vs_persistent.py --resume-from docs/data/aligned_vs_persistent/results.json --lengths 6
 
 MemOPD scores the teacher in the state the student acted in (``--teacher-context aligned``: each
 call's own prompt, the memory the student wrote); the persistent alternative scores it on the
@@ -36,6 +37,10 @@ gap over teachers with the between-teacher sd, how many teachers' gaps are posit
 beside its teacher's shift (with the Pearson correlation over teachers and lengths). The reading:
 aligned beats persistent at a length when every teacher's gap is positive, or the mean gap exceeds
 twice its standard error over teachers; otherwise it does not hold there.
+
+``--resume-from`` an earlier results JSON of this script (the published one, in a new checkout) takes
+its readings as done (part 1's ``--resume-from``: the same task options and RL steps, or refused): a
+reading it brings needs no teacher or run, so the study goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -46,8 +51,9 @@ import math
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's other scripts, beside this file
 
@@ -76,6 +82,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated training lengths (chunks)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated RL seeds")
     lh.add_run_args(p)
+    lh.add_resume_arg(p)
     args = p.parse_args(argv)
     args.teachers = [t for t in args.teachers.split(",") if t]
     if any(t not in TEACHERS for t in args.teachers):
@@ -88,6 +95,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.lengths, args.teachers, args.seeds = list(SMOKE["lengths"]), list(SMOKE["teachers"]), args.seeds[:1]
     return args
+
+
+def cached(key: str, args: argparse.Namespace) -> bool:
+    """Whether the reading ``key`` is done (its row kept)."""
+    return (home(args) / "rows" / f"{key}.json").is_file()
+
+
+def resume(args: argparse.Namespace, short: int, far: int) -> None:
+    """Take the readings of ``args.resume_from`` (this script's results JSON, the same settings) as
+    rows: each teacher's F1 at L, each run's at its length and at 32L, each shift."""
+    path = args.resume_from
+    results = lh.read_results(path, "examples/aligned_vs_persistent.py")
+    lh.refuse_unless_same(path, "smoke setting", "--smoke" in results["command"].split(), args.smoke)
+    lh.refuse_unless_same(path, "task", (results.get("task"), results.get("env")), (TASK, lh.TASKS[TASK]))
+    lh.refuse_unless_same(path, "RL steps", results.get("rl_steps"), lh.RL_STEPS)
+    episodes = results.get("episodes")
+    cells = [(f"teacher-{name}.json", {"key": f"teacher-{name}", "num_chunks": short, "f1": f1, "episodes": episodes})
+             for name, f1 in results.get("teacher_f1", {}).items()]
+    cells += [(f"shift-{s['teacher']}-{s['num_chunks']}.json", s) for s in results.get("shifts", [])]
+    for run in results.get("runs", []):
+        cells.append((f"{run['key']}.json", {k: run[k] for k in ("key", "num_chunks", "f1", "episodes")}))
+        if "f1_at_32L" in run:
+            key = f"{run['key']}-at-{far}"
+            cells.append((f"{key}.json", {"key": key, "num_chunks": far, "f1": run["f1_at_32L"], "episodes": episodes}))
+    lh.resume_rows(home(args) / "rows", cells, path)
 
 
 def part1(args: argparse.Namespace) -> argparse.Namespace:
@@ -140,8 +172,9 @@ def train(name: str, context: str, n: int, seed: int, args: argparse.Namespace) 
 
 
 # --- the readings --------------------------------------------------------------------------------------------
-def read(model: Path, n: int, key: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Greedy F1 of ``model`` at ``n`` chunks on the first test episodes (one cell, kept)."""
+def read(model: Callable[[], Path], n: int, key: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Greedy F1 of ``model()`` at ``n`` chunks on the first test episodes (one cell, kept; the model is
+    built or trained only where the cell is not)."""
     from memopd.eval import evaluate
 
     path = home(args) / "rows" / f"{key}.json"
@@ -149,7 +182,7 @@ def read(model: Path, n: int, key: str, args: argparse.Namespace) -> dict[str, A
         return json.loads(path.read_text())
     out = home(args) / "eval" / key
     count = SMOKE["episodes"] if args.smoke else EPISODES
-    evaluate([*lh.env_argv(TASK, n), "--model", str(model), "--episodes", str(count), "--temperature", "0",
+    evaluate([*lh.env_argv(TASK, n), "--model", str(model()), "--episodes", str(count), "--temperature", "0",
               "--top-k", "1", "--threads", str(args.threads), "--no-progress", "--out", str(out), "--overwrite"])
     summary = json.loads((out / "summary.json").read_text())
     row = {"key": key, "num_chunks": n, "f1": summary["f1"], "episodes": summary["episodes"]}
@@ -321,13 +354,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     teachers: dict[str, float] = {}
     runs, shifts = [], []
     short, far = part1(args).train_chunks, far_length(args)
+    if args.resume_from:
+        resume(args, short, far)
     for name in args.teachers:  # the cheap readings first: a teacher's F1 and shifts, then its runs
-        made = (home(args) / "teachers" / name / "config.json").is_file()
-        if made or not args.cached_only:
-            row = read(teacher(name, args), short, f"teacher-{name}", args)
+        if cached(f"teacher-{name}", args) or not args.cached_only:
+            row = read(partial(teacher, name, args), short, f"teacher-{name}", args)
             teachers[name] = row["f1"]
         for n in args.lengths:
-            if (home(args) / "rows" / f"shift-{name}-{n}.json").is_file() or not args.cached_only:
+            if cached(f"shift-{name}-{n}", args) or not args.cached_only:
                 shifts.append(shift(name, n, args))
     fit = fair(teachers, args.smoke)
     for n in args.lengths:
@@ -335,14 +369,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in (t for t in args.teachers if t in fit):
                 for context in CONTEXTS:
                     key = f"{name}-{context}-{n}-s{seed}"
-                    if not (home(args) / "rows" / f"{key}.json").is_file() and args.cached_only:
+                    if not cached(key, args) and args.cached_only:
                         continue
-                    model = train(name, context, n, seed, args)
-                    row = {**read(model, n, key, args), "teacher": name, "context": context, "seed": seed}
+                    run = partial(train, name, context, n, seed, args)  # trained only where the reading is not kept
+                    row = {**read(run, n, key, args), "teacher": name, "context": context, "seed": seed}
                     if context == "aligned" and n == short and far > n:
                         key_far = f"{key}-at-{far}"  # part 1's claim with this teacher build
-                        if (home(args) / "rows" / f"{key_far}.json").is_file() or not args.cached_only:
-                            row["f1_at_32L"] = read(model, far, key_far, args)["f1"]
+                        if cached(key_far, args) or not args.cached_only:
+                            row["f1_at_32L"] = read(run, far, key_far, args)["f1"]
                     runs.append(row)
     summary = summarise(runs, shifts, teachers)
     import torch

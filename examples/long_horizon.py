@@ -4,6 +4,7 @@
     python examples/long_horizon.py --tasks LongQA --policies memopd,teacher --seeds 0    # some cells
     python examples/long_horizon.py --cached-only --publish docs/data/long_horizon/results.json
     python examples/long_horizon.py --smoke --out DIR                         # the pipeline in minutes (CI)
+    python examples/long_horizon.py --resume-from docs/data/long_horizon/results.json --seeds 5   # a new checkout
 
 The claim under test (docs/RESULTS.md, "The long-horizon study"): a compact-memory student trained at
 L keeps its F1 at 32L, the one-sided 95% lower bound of F1(32L) - F1(L) above -0.05 (bootstrap over
@@ -65,6 +66,13 @@ Everything lands in --out (default runs/long-horizon): teacher/<task>/ (the auto
 evaluation), <task>/<policy>-s<seed>/ (runs and SFT models; a killed run is resumed), eval/ (one
 memopd.eval per policy, seed and length), rows/ (one JSON file per finished evaluation, so several
 processes can share the study) and results.json (every finished cell; ``--publish FILE`` copies it).
+
+A new checkout has none of --out: ``--resume-from`` an earlier results JSON (the published one) takes its
+finished cells as done (``resume_rows``: written to rows/ where missing, never over a cell computed here),
+so the study goes on where it stopped and a later ``--publish`` keeps them. It must come from this
+script with the same settings (task options, training length, student, each task's ``recipe``), or it
+is refused. The cells it brings need no models; a new seed trains its own, against a teacher rebuilt
+by the same recipe (the same weights on the same torch build: docs/RESULTS.md, "The long-horizon study").
 """
 
 from __future__ import annotations
@@ -171,10 +179,65 @@ def split_study_args(p: argparse.ArgumentParser, args: argparse.Namespace, tasks
         p.error(f"unknown {bad}: --tasks takes {list(tasks)}, --policies {list(policies)}")
 
 
+def add_resume_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--resume-from", default=None, metavar="JSON",
+                   help="an earlier results JSON of this script (the published one, in a new checkout): "
+                        "its finished cells are taken as done, not recomputed")
+
+
+def read_results(path: str, script: str) -> dict[str, Any]:
+    """``--resume-from``'s results JSON, which must be ``script``'s (its ``command``); else one error line."""
+    try:
+        results = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --resume-from {path}: cannot read it as JSON ({e})") from None
+    said = str(results.get("command", "")) if isinstance(results, dict) else ""
+    if not said.startswith(f"python {script}"):
+        raise SystemExit(f"error: --resume-from {path} is not a results JSON of {script} (its command: {said!r})")
+    return results
+
+
+def refuse_unless_same(path: str, what: str, theirs: Any, ours: Any) -> None:
+    """One error line where a resumed results JSON was computed with other settings than this run's."""
+    if theirs != ours:
+        raise SystemExit(f"error: --resume-from {path} was computed with another {what} ({theirs!r}, here {ours!r}); "
+                         "its cells would not be this study's: resume from a matching file or start afresh")
+
+
+def resume_rows(rows_dir: Path, cells: Sequence[tuple[str, dict[str, Any]]], path: str) -> int:
+    """Write each (file name, row) of a resumed results JSON to ``rows_dir`` where no row of that name
+    is there (a cell computed here is kept); returns how many were written."""
+    written = 0
+    for name, row in cells:
+        target = rows_dir / name
+        if not target.is_file():
+            write_row(target, row)
+            written += 1
+    print(f"resumed {written} finished cells of {len(cells)} from {path} ({len(cells) - written} were here)",
+          flush=True)
+    return written
+
+
+def resume(args: argparse.Namespace) -> None:
+    """Take the finished cells of ``args.resume_from`` (this script's results JSON, the same settings)."""
+    path = args.resume_from
+    results = read_results(path, "examples/long_horizon.py")
+    refuse_unless_same(path, "smoke setting", "--smoke" in results["command"].split(), args.smoke)
+    refuse_unless_same(path, "training length", results.get("train_chunks"), args.train_chunks)
+    refuse_unless_same(path, "student", results.get("student"), STUDENT)
+    for task, options in results.get("tasks", {}).items():
+        refuse_unless_same(path, f"{task} options", options, TASKS.get(task))
+        if not args.smoke:  # the smoke's recipe is SMOKE's, whatever recipe() says
+            refuse_unless_same(path, f"{task} recipe", results.get("recipes", {}).get(task), recipe(task))
+    cells = [(f"{r['task']}-{r['policy']}-s{r['seed']}-{r['num_chunks']}.json", r) for r in results.get("rows", [])]
+    resume_rows(Path(args.out) / "rows", cells, path)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/long_horizon.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/long-horizon", help="the study's directory (reused by a rerun)")
     add_study_args(p, list(TASKS), POLICIES, POLICIES, "0,1,2,3,4", PART1_TASKS)
+    add_resume_arg(p)
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated evaluation lengths (chunks)")
     p.add_argument("--far", type=int, default=FAR,
                    help=f"read {list(FAR_POLICIES)} at this many chunks past the ladder (0: not)")
@@ -582,6 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import memgym  # noqa: F401  (registers the envs)
 
     t0 = time.perf_counter()
+    if args.resume_from:
+        resume(args)
     rows = []
     for task in args.tasks:  # the cheap, seedless policies first: the teacher is built for every other
         for policy in sorted(args.policies, key=lambda p: p not in FIXED):

@@ -91,6 +91,56 @@ def test_long_horizon_smoke_and_rerun(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["summary"] == results["summary"]
 
 
+def test_long_horizon_resumes_from_the_published_results(tmp_path, capsys):
+    """A new checkout goes on where the published study stopped: --resume-from the committed JSON makes
+    its cells the rows of an empty --out, and a cached-only publish from them rebuilds that JSON's
+    summary, verdicts and rows exactly. A cell computed here is kept; other settings are refused."""
+    lh = load("long_horizon")
+    published = ROOT / "docs" / "data" / "long_horizon" / "results.json"
+    committed = json.loads(published.read_text())
+    out = tmp_path / "study"
+    mine = {**committed["rows"][0], "mean_f1": -1.0}  # a cell this checkout computed itself
+    name = f"{mine['task']}-{mine['policy']}-s{mine['seed']}-{mine['num_chunks']}.json"
+    lh.write_row(out / "rows" / name, mine)
+    task = "MultiValue"
+    assert lh.main(["--out", str(out), "--tasks", task, "--cached-only", "--resume-from", str(published),
+                    "--publish", str(tmp_path / "pub.json")]) == 0
+    said = capsys.readouterr().out
+    assert f"resumed {len(committed['rows']) - 1} finished cells of {len(committed['rows'])}" in said
+    assert json.loads((out / "rows" / name).read_text())["mean_f1"] == -1.0
+    rebuilt = json.loads((tmp_path / "pub.json").read_text())
+    assert rebuilt["rows"] == [r for r in committed["rows"] if r["task"] == task]
+    assert rebuilt["summary"][task] == committed["summary"][task]
+    assert rebuilt["verdicts"][task] == committed["verdicts"][task]
+    # computed with another recipe, another task option or by another script: one error line each
+    for field, change in (("recipes", {"rl_steps": 80}), ("tasks", {"memory_budget": 8})):
+        other = json.loads(published.read_text())
+        other[field][task] = {**other[field][task], **change}
+        path = tmp_path / f"other-{field}.json"
+        path.write_text(json.dumps(other))
+        with pytest.raises(SystemExit, match=r"^error: --resume-from .* was computed with another"):
+            lh.main(["--out", str(tmp_path / "x"), "--cached-only", "--resume-from", str(path)])
+    with pytest.raises(SystemExit, match=r"^error: --resume-from .* is not a results JSON of examples/long_horizon"):
+        lh.main(["--out", str(tmp_path / "x"), "--cached-only", "--resume-from",
+                 str(ROOT / "docs" / "data" / "aligned_vs_persistent" / "results.json")])
+    assert not (tmp_path / "x" / "rows").exists()  # refused before anything was written
+
+
+def test_aligned_vs_persistent_resumes_from_the_published_results(tmp_path):
+    """Part 3 likewise: its published readings (teachers, runs and their 32L readings, shifts) become
+    rows, and a cached-only publish rebuilds the committed JSON without building a teacher or a run."""
+    avp = load("aligned_vs_persistent")
+    published = ROOT / "docs" / "data" / "aligned_vs_persistent" / "results.json"
+    committed = json.loads(published.read_text())
+    flags = committed["command"].split()[2:]  # the published cells' own selection (lengths, seeds)
+    assert avp.main(["--out", str(tmp_path), *flags, "--cached-only", "--resume-from", str(published),
+                     "--publish", str(tmp_path / "pub.json")]) == 0
+    rebuilt = json.loads((tmp_path / "pub.json").read_text())
+    for key in ("teacher_f1", "unfair", "summary", "verdicts", "runs", "shifts"):
+        assert rebuilt[key] == committed[key], key
+    assert not (tmp_path / "LongQA" / "aligned-vs-persistent" / "teachers").exists()
+
+
 def test_long_horizon_drop_and_verdicts_by_hand():
     """The drop F1(32L) - F1(L) and its bootstrap bound on cells worked by hand: with every episode of
     a seed alike, resampling changes nothing and the bound is the drop itself."""
