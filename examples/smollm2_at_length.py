@@ -4,6 +4,7 @@
     python examples/smollm2_at_length.py --policies memopd,fullcontext --lengths 2,64
     python examples/smollm2_at_length.py --cached-only --publish docs/data/smollm2_at_length/results.json
     python examples/smollm2_at_length.py --smoke --out DIR                          # the pipeline in minutes (CI)
+    python examples/smollm2_at_length.py --resume-from docs/data/smollm2_at_length/results.json --lengths 2,16,64,256
 
 SmolLM2's tokenizer writes every number digit by digit, so the document numbers of a long input are
 pieces it has seen (the tiny presets needed digit presets for that). Its window is 8,192 tokens, so at
@@ -26,6 +27,9 @@ per policy and length (at-length/rows/, a rerun recomputes nothing), in float32.
 F1 against length, F1(32L) - F1(L) with its bootstrap lower bound over episodes (one seed), F1
 against the chunks read after the fact, the retention fit, and the claim's verdict with part 1's
 contrast (a policy that can fall must score 0.3 at L and drop by 0.3).
+
+``--resume-from`` an earlier results JSON of this script (the published one, in a new checkout) takes
+its cells as done (part 1's ``--resume-from``: the same env, episodes, dtype and training, or refused).
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="comma-separated lengths in chunks (the "
                    "first is L)")
     lh.add_run_args(p, "tiny models and sizes: the pipeline, not the result")
+    lh.add_resume_arg(p)
     args = p.parse_args(argv)
     args.policies = [x for x in args.policies.split(",") if x]
     if any(x not in POLICIES for x in args.policies):
@@ -198,11 +203,26 @@ def command(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
+def resume(args: argparse.Namespace) -> None:
+    """Take the cells of ``args.resume_from`` (this script's results JSON, the same settings) as rows."""
+    path = args.resume_from
+    results = lh.read_results(path, "examples/smollm2_at_length.py")
+    lh.refuse_unless_same(path, "smoke setting", "--smoke" in results["command"].split(), args.smoke)
+    for field, ours in (("env", sm.ENV), ("env_kwargs", sm.ENV_KWARGS), ("episodes", args.episodes),
+                        ("dtype", DTYPE), ("training", "python examples/smollm2_memopd.py " + " ".join(TRAINING)),
+                        ("train_chunks", args.lengths[0])):
+        lh.refuse_unless_same(path, field.replace("_", " "), results.get(field), ours)
+    cells = [(f"{r['policy']}-{r['num_chunks']}.json", r) for r in results.get("rows", [])]
+    lh.resume_rows(Path(args.out) / "at-length" / "rows", cells, path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import memgym  # noqa: F401  (registers the envs)
 
     t0 = time.perf_counter()
+    if args.resume_from:
+        resume(args)
     rows = [r for policy in args.policies for n in args.lengths if (r := eval_cell(policy, n, args)) is not None]
     summary = summarise(rows, args)
     import torch

@@ -141,6 +141,23 @@ def test_aligned_vs_persistent_resumes_from_the_published_results(tmp_path):
     assert not (tmp_path / "LongQA" / "aligned-vs-persistent" / "teachers").exists()
 
 
+def test_smollm2_at_length_resumes_from_the_published_results(tmp_path):
+    """Part 4 likewise: its published cells become rows, and a cached-only publish rebuilds the committed
+    JSON without training or loading a model; cells read in another dtype are refused."""
+    part4 = load("smollm2_at_length")
+    published = ROOT / "docs" / "data" / "smollm2_at_length" / "results.json"
+    committed = json.loads(published.read_text())
+    assert part4.main(["--out", str(tmp_path), "--cached-only", "--resume-from", str(published),
+                       "--publish", str(tmp_path / "pub.json")]) == 0
+    rebuilt = json.loads((tmp_path / "pub.json").read_text())
+    for key in ("summary", "verdicts", "rows"):
+        assert rebuilt[key] == committed[key], key
+    other = tmp_path / "bf16.json"
+    other.write_text(json.dumps({**committed, "dtype": "bfloat16"}))
+    with pytest.raises(SystemExit, match=r"^error: --resume-from .* was computed with another dtype"):
+        part4.main(["--out", str(tmp_path / "x"), "--cached-only", "--resume-from", str(other)])
+
+
 def test_long_horizon_drop_and_verdicts_by_hand():
     """The drop F1(32L) - F1(L) and its bootstrap bound on cells worked by hand: with every episode of
     a seed alike, resampling changes nothing and the bound is the drop itself."""
