@@ -63,7 +63,7 @@ TASK = "LongQA"
 TEACHERS = {"t1": ("tiny-teacher-digits", 1), "t2": ("tiny-teacher-digits", 2), "t3": ("tiny-teacher-digits", 3),
             "t4": ("tiny-teacher-digits", 4), "t5": ("tiny-teacher-digits", 5), "t6": ("tiny-teacher-digits", 6),
             "small": ("tiny-digits", 1)}
-"""Teacher name -> (model preset, SFT seed). ``t1`` is the auto teacher's own seed (``cfg.seed + 1``)."""
+"""Teacher name -> (model preset, SFT seed). ``t1`` is the auto teacher's own seed (``memopd.learn.models.TEACHER_SEED``)."""
 FAIR_F1 = 0.5
 """A teacher the recipe did not teach the task (greedy F1 below this at L) is read and reported but
 gets no runs: scored either way it teaches nothing the gap could measure (``t2``, the recipe with SFT

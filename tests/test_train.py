@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -539,6 +540,27 @@ def test_a_mix_takes_every_tasks_train_table_and_refuses_a_disagreement(tmp_path
     finally:
         for name in ("MixRecA", "MixRecB"):
             registry.TASKS.pop(f"memgym/{name}-v0", None)
+
+
+def test_the_auto_teacher_is_one_model_whichever_seed_builds_it(tmp_path, monkeypatch):
+    """Its cache key has no seed, so the build must not depend on the run's: built by a seed-3 run in one
+    cache and by a seed-0 run in another, the two teachers' weights are equal (the recipe shrunk to two
+    steps on eight trajectories)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from memopd.learn import models
+
+    monkeypatch.setitem(models.TEACHER_SFT, "num_episodes", 8)
+    monkeypatch.setitem(models.TEACHER_SFT, "batch_episodes", 4)
+    built = {}
+    for seed in (3, 0):
+        monkeypatch.setenv("MEMOPD_CACHE", str(tmp_path / f"cache-{seed}"))
+        cfg = train.prepare(train.TrainConfig(env="memgym/LongQA-v0", env_kwargs={"num_chunks": 2}, seed=seed,
+                                              teacher_sft_steps=2, progress=False), explicit={"teacher_sft_steps"})
+        built[seed] = load_file(str(Path(models.ensure_teacher(cfg, log=lambda _: None)) / "model.safetensors"))
+    assert built[3].keys() == built[0].keys()
+    assert all(torch.equal(built[3][k], built[0][k]) for k in built[0])
 
 
 def test_teacher_sft_steps_sets_the_auto_teachers_steps_and_its_cache_key():

@@ -24,6 +24,11 @@ MODEL_LR = 1e-6
 
 # The auto teacher: sized so that building it fits the embedded default's 15-minute budget on 2 CPU cores.
 TEACHER_SFT = {"model": "tiny-teacher", "num_episodes": 1000, "steps": 250, "batch_episodes": 32, "lr": 3e-3}
+TEACHER_SEED = 1
+"""The auto teacher's SFT seed: fixed, as the cache key (``default_teacher_dir``) leaves the run's seed
+out, so that the cached teacher is one model whichever run builds it. It was the building run's
+``--seed`` + 1 (1 for a seed-0 run, so those teachers are unchanged): a ``--seed 3`` run that found no
+teacher built another one under the same key, and every later run of any seed read that one."""
 TEACHER_CHECKPOINT_EVERY = 25
 """The auto teacher's build saves its state this often: a killed first run resumes it (not part of
 the cache key: it does not change the teacher)."""
@@ -67,7 +72,7 @@ def ensure_teacher(cfg: CoreConfig, log=print) -> str:
     log(f"teacher: none cached for {cfg.env}; building it now: SFT of {recipe['model']} on "
         f"{recipe['num_episodes']} oracle trajectories, {recipe['steps']} steps (cached at {out}; "
         "a killed build resumes where it stopped)")
-    sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=cfg.seed + 1,
+    sft_cfg = SFTConfig(env=cfg.env, env_kwargs=cfg.env_kwargs, out=str(out), seed=TEACHER_SEED,
                         threads=cfg.threads, checkpoint_every=TEACHER_CHECKPOINT_EVERY, **recipe)
     run_sft(sft_cfg, progress=cfg.progress)
     return str(out)
