@@ -50,7 +50,8 @@ and 32L and ``EPISODES_BETWEEN`` between (``LENGTHS``).
 
 F1 against the distance from the fact to the question (``fact_distances``: chunks read after the
 first chunk that holds a supporting fact with an answer word, from the sample's ``supporting_facts``)
-pools every length's episodes of a policy, in bins of powers of two, with a per-chunk retention rate
+pools every length's episodes of a policy (the lengths all its seeds were read at: ``balanced``), in
+bins of powers of two, with a per-chunk retention rate
 ``r`` fitted to it (``retention``: least squares of F1 = a * r**d; a memory that keeps the fact through
 each later call with probability r).
 
@@ -536,6 +537,14 @@ def drop_lower_bound(rows: list[dict[str, Any]], short: int, long: int, draws: i
     return {"drop": point, "lower_95": boot[int(0.05 * draws)], "seeds": len(seeds)}
 
 
+def balanced(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cells at the lengths every seed of the policy was read at: pooled by distance, a length only
+    some seeds have (one seed read at ``FAR``) would weigh those seeds' long distances alone."""
+    seeds = {r["seed"] for r in cells}
+    full = {n for n in {r["num_chunks"] for r in cells} if {r["seed"] for r in cells if r["num_chunks"] == n} == seeds}
+    return [r for r in cells if r["num_chunks"] in full]
+
+
 def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """Per task and policy: F1 mean ± sd over seeds at each length, the drop from L to 32L, and from
     L to the far length where the policy was read there."""
@@ -552,7 +561,7 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
                 mu = sum(means) / len(means)
                 sd = math.sqrt(sum((m - mu) ** 2 for m in means) / (len(means) - 1)) if len(means) > 1 else 0.0
                 at[str(n)] = {"f1": mu, "sd": sd, "seeds": len(means)}
-            table, fitted = by_distance(cells) if task in TASKS else ({}, {})  # (hand-made tasks have no samples)
+            table, fitted = by_distance(balanced(cells)) if task in TASKS else ({}, {})  # (hand-made: no samples)
             out.setdefault(task, {})[policy] = {"by_length": at, **drop_lower_bound(cells, short, long),
                                                 "by_distance": table, "retention": fitted}
             if far and str(far) in at:

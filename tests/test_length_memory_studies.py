@@ -158,6 +158,15 @@ def test_smollm2_at_length_resumes_from_the_published_results(tmp_path):
         part4.main(["--out", str(tmp_path / "x"), "--cached-only", "--resume-from", str(other)])
 
 
+def test_long_horizon_pools_by_distance_only_the_lengths_every_seed_has():
+    """One seed read at 1,000 chunks must not weigh that seed's long distances alone in the pooled fit."""
+    lh = load("long_horizon")
+    cells = [{"seed": s, "num_chunks": n} for s in (0, 1) for n in (6, 192)] + [{"seed": 0, "num_chunks": 1000}]
+    assert lh.balanced(cells) == cells[:4]
+    assert lh.balanced(cells[:4] + [{"seed": 1, "num_chunks": 1000}, cells[4]]) == cells[:4] + [
+        {"seed": 1, "num_chunks": 1000}, cells[4]]
+
+
 def test_long_horizon_drop_and_verdicts_by_hand():
     """The drop F1(32L) - F1(L) and its bootstrap bound on cells worked by hand: with every episode of
     a seed alike, resampling changes nothing and the bound is the drop itself."""
