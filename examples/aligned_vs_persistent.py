@@ -106,8 +106,7 @@ def resume(args: argparse.Namespace, short: int, far: int) -> None:
     """Take the readings of ``args.resume_from`` (this script's results JSON, the same settings) as
     rows: each teacher's F1 at L, each run's at its length and at 32L, each shift."""
     path = args.resume_from
-    results = lh.read_results(path, "examples/aligned_vs_persistent.py")
-    lh.refuse_unless_same(path, "smoke setting", "--smoke" in results["command"].split(), args.smoke)
+    results = lh.read_results(path, "examples/aligned_vs_persistent.py", args.smoke)
     lh.refuse_unless_same(path, "task", (results.get("task"), results.get("env")), (TASK, lh.TASKS[TASK]))
     lh.refuse_unless_same(path, "RL steps", results.get("rl_steps"), lh.RL_STEPS)
     episodes = results.get("episodes")

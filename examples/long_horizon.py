@@ -4,7 +4,7 @@
     python examples/long_horizon.py --tasks LongQA --policies memopd,teacher --seeds 0    # some cells
     python examples/long_horizon.py --cached-only --publish docs/data/long_horizon/results.json
     python examples/long_horizon.py --smoke --out DIR                         # the pipeline in minutes (CI)
-    python examples/long_horizon.py --resume-from docs/data/long_horizon/results.json --seeds 5   # a new checkout
+    python examples/long_horizon.py --resume-from docs/data/long_horizon/results.json --policies sft-oracle --seeds 3,4
 
 The claim under test (docs/RESULTS.md, "The long-horizon study"): a compact-memory student trained at
 L keeps its F1 at 32L, the one-sided 95% lower bound of F1(32L) - F1(L) above -0.05 (bootstrap over
@@ -186,8 +186,9 @@ def add_resume_arg(p: argparse.ArgumentParser) -> None:
                         "its finished cells are taken as done, not recomputed")
 
 
-def read_results(path: str, script: str) -> dict[str, Any]:
-    """``--resume-from``'s results JSON, which must be ``script``'s (its ``command``); else one error line."""
+def read_results(path: str, script: str, smoke: bool) -> dict[str, Any]:
+    """``--resume-from``'s results JSON, which must be ``script``'s (its ``command``) with this ``--smoke``
+    setting; else one error line."""
     try:
         results = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -195,6 +196,7 @@ def read_results(path: str, script: str) -> dict[str, Any]:
     said = str(results.get("command", "")) if isinstance(results, dict) else ""
     if not said.startswith(f"python {script}"):
         raise SystemExit(f"error: --resume-from {path} is not a results JSON of {script} (its command: {said!r})")
+    refuse_unless_same(path, "smoke setting", "--smoke" in said.split(), smoke)
     return results
 
 
@@ -205,9 +207,9 @@ def refuse_unless_same(path: str, what: str, theirs: Any, ours: Any) -> None:
                          "its cells would not be this study's: resume from a matching file or start afresh")
 
 
-def resume_rows(rows_dir: Path, cells: Sequence[tuple[str, dict[str, Any]]], path: str) -> int:
+def resume_rows(rows_dir: Path, cells: Sequence[tuple[str, dict[str, Any]]], path: str) -> None:
     """Write each (file name, row) of a resumed results JSON to ``rows_dir`` where no row of that name
-    is there (a cell computed here is kept); returns how many were written."""
+    is there (a cell computed here is kept)."""
     written = 0
     for name, row in cells:
         target = rows_dir / name
@@ -216,14 +218,12 @@ def resume_rows(rows_dir: Path, cells: Sequence[tuple[str, dict[str, Any]]], pat
             written += 1
     print(f"resumed {written} finished cells of {len(cells)} from {path} ({len(cells) - written} were here)",
           flush=True)
-    return written
 
 
 def resume(args: argparse.Namespace) -> None:
     """Take the finished cells of ``args.resume_from`` (this script's results JSON, the same settings)."""
     path = args.resume_from
-    results = read_results(path, "examples/long_horizon.py")
-    refuse_unless_same(path, "smoke setting", "--smoke" in results["command"].split(), args.smoke)
+    results = read_results(path, "examples/long_horizon.py", args.smoke)
     refuse_unless_same(path, "training length", results.get("train_chunks"), args.train_chunks)
     refuse_unless_same(path, "student", results.get("student"), STUDENT)
     for task, options in results.get("tasks", {}).items():

@@ -206,8 +206,7 @@ def command(args: argparse.Namespace) -> str:
 def resume(args: argparse.Namespace) -> None:
     """Take the cells of ``args.resume_from`` (this script's results JSON, the same settings) as rows."""
     path = args.resume_from
-    results = lh.read_results(path, "examples/smollm2_at_length.py")
-    lh.refuse_unless_same(path, "smoke setting", "--smoke" in results["command"].split(), args.smoke)
+    results = lh.read_results(path, "examples/smollm2_at_length.py", args.smoke)
     for field, ours in (("env", sm.ENV), ("env_kwargs", sm.ENV_KWARGS), ("episodes", args.episodes),
                         ("dtype", DTYPE), ("training", "python examples/smollm2_memopd.py " + " ".join(TRAINING)),
                         ("train_chunks", args.lengths[0])):
